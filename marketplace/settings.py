@@ -1,0 +1,196 @@
+"""Settings, all read from the environment with defaults that run locally.
+
+With nothing set: SQLite under var/ and kombu's filesystem broker, so `make run`
+needs no server. DATABASE_URL (PostgreSQL) and CELERY_BROKER_URL (Redis) switch
+to the production parts.
+"""
+
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+from marketplace.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = env_str("SECRET_KEY", "dev-only-insecure-key-change-me-in-production-0123456789")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_htmx",
+    "marketplace",
+    "nodes",
+    "rentals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "marketplace.urls"
+WSGI_APPLICATION = "marketplace.wsgi.application"
+ASGI_APPLICATION = "marketplace.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat) share one file: wait for the write
+    # lock instead of failing, and take it at BEGIN so a read-then-write never
+    # deadlocks on lock upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "marketplace.api_errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": None,
+    "COERCE_DECIMAL_TO_STRING": False,
+}
+if DEBUG:
+    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU marketplace API",
+    "DESCRIPTION": "Providers, renters, node agents and cloud preemption notices. See API.md.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Celery -----------------------------------------------------------------
+BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("queue", "processed"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- The reclaim promise and its clocks (seconds) -----------------------------
+DRAIN_CEILING_S = env_float("DRAIN_CEILING_S", 120.0)
+RENTAL_NOTICE_S = env_float("RENTAL_NOTICE_S", 120.0)
+NOTICE_MARGIN_S = env_float("NOTICE_MARGIN_S", 10.0)
+HEARTBEAT_INTERVAL_S = env_float("HEARTBEAT_INTERVAL_S", 5.0)
+WORKER_EXPIRY_S = env_float("WORKER_EXPIRY_S", 30.0)
+NODE_OFFLINE_S = env_float("NODE_OFFLINE_S", 30.0)
+ROUTER_EXPIRY_S = env_float("ROUTER_EXPIRY_S", 15.0)
+STOP_GRACE_S = env_float("STOP_GRACE_S", 5.0)
+STOP_RESEND_S = env_float("STOP_RESEND_S", 15.0)
+DRAIN_TICK_S = env_float("DRAIN_TICK_S", 1.0)
+HEARTBEAT_GUARD_S = env_float("HEARTBEAT_GUARD_S", 5.0)
+RECOVERY_S = env_float("RECOVERY_S", 15.0)
+# More than this share of the fleet going stale at once is our own network, not
+# the nodes: the guard alerts and waits instead of marking everyone lost.
+MASS_STALE_FRACTION = env_float("MASS_STALE_FRACTION", 0.5)
+MASS_STALE_MIN_WORKERS = env_int("MASS_STALE_MIN_WORKERS", 4)
+
+CELERY_BEAT_SCHEDULE = {
+    "drain-tick": {
+        "task": "nodes.tasks.drain_tick",
+        "schedule": timedelta(seconds=DRAIN_TICK_S),
+        "options": {"expires": DRAIN_TICK_S * 2},
+    },
+    "rental-reclaim-tick": {
+        "task": "rentals.tasks.rental_tick",
+        "schedule": timedelta(seconds=DRAIN_TICK_S),
+        "options": {"expires": DRAIN_TICK_S * 2},
+    },
+    "heartbeat-guard": {
+        "task": "nodes.tasks.heartbeat_guard",
+        "schedule": timedelta(seconds=HEARTBEAT_GUARD_S),
+        "options": {"expires": HEARTBEAT_GUARD_S * 2},
+    },
+    "recovery": {
+        "task": "nodes.tasks.recovery_task",
+        "schedule": timedelta(seconds=RECOVERY_S),
+        "options": {"expires": RECOVERY_S * 2},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

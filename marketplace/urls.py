@@ -1,0 +1,39 @@
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from marketplace.api import AuthTokenView
+from nodes import api as nodes_api
+from rentals import api as rentals_api
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+api_v1 = [
+    path("auth/token", AuthTokenView.as_view()),
+    path("nodes", nodes_api.NodeListView.as_view()),
+    path("nodes/<int:node_id>", nodes_api.NodeDetailView.as_view()),
+    path("nodes/<int:node_id>/pause", nodes_api.NodePauseView.as_view()),
+    path("nodes/<int:node_id>/resume", nodes_api.NodeResumeView.as_view()),
+    path("nodes/<int:node_id>/reclaims", nodes_api.NodeReclaimsView.as_view()),
+    path("offers", rentals_api.OfferListView.as_view()),
+    path("rentals", rentals_api.RentalListView.as_view()),
+    path("rentals/<int:rental_id>", rentals_api.RentalDetailView.as_view()),
+    path("rentals/<int:rental_id>/end", rentals_api.RentalEndView.as_view()),
+    path("agent/hello", nodes_api.AgentHelloView.as_view()),
+    path("agent/heartbeat", nodes_api.AgentHeartbeatView.as_view()),
+    path("agent/workers", nodes_api.AgentWorkersView.as_view()),
+    path("agent/commands/<uuid:command_id>/ack", nodes_api.AgentCommandAckView.as_view()),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("meta/<str:notice_token>/latest/meta-data/spot/instance-action", rentals_api.instance_action),
+    path("healthz", healthz),
+    *[path(f"api/v1/{p.pattern}", p.callback) for p in api_v1],
+]

@@ -1,0 +1,11 @@
+from django.contrib import admin
+
+from rentals.models import Rental
+
+
+@admin.register(Rental)
+class RentalAdmin(admin.ModelAdmin):
+    list_display = ["id", "node", "renter", "is_spot", "status", "started_at", "reclaim_at", "ended_at", "end_reason"]
+    list_filter = ["status", "is_spot", "end_reason"]
+    raw_id_fields = ["node", "renter", "reclaim"]
+    readonly_fields = ["is_spot", "notice_token"]

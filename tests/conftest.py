@@ -1,0 +1,93 @@
+import os
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from marketplace.celery import app as celery_app
+from tests.factories import ServedModelFactory, UserFactory
+
+PG_ONLY_SKIPPED: list[str] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _celery_eager():
+    # Unit and API tests run tasks in-process when their transaction commits;
+    # the e2e tests run a real Celery worker and beat instead.
+    celery_app.conf.task_always_eager = True
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    from django.conf import settings
+
+    vendor = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    if vendor.startswith("postgres"):
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL (row locks under real concurrency); set DATABASE_URL")
+    for item in items:
+        if "postgres" in item.keywords:
+            if os.environ.get("CI"):
+                raise pytest.UsageError("CI must run on PostgreSQL: no test may be skipped. Set DATABASE_URL.")
+            item.add_marker(skip)
+            PG_ONLY_SKIPPED.append(item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if PG_ONLY_SKIPPED:
+        terminalreporter.write_sep("!", "PostgreSQL-only tests NOT RUN (SQLite in use)", red=True, bold=True)
+        for nodeid in PG_ONLY_SKIPPED:
+            terminalreporter.write_line(f"  not run: {nodeid}", red=True)
+
+
+@pytest.fixture
+def model(db):
+    return ServedModelFactory()
+
+
+@pytest.fixture
+def owner(db):
+    return UserFactory(username="owner")
+
+
+@pytest.fixture
+def renter(db):
+    return UserFactory(username="renter")
+
+
+@pytest.fixture
+def outsider(db):
+    return UserFactory(username="outsider")
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def owner_api(owner):
+    return client_for(owner)
+
+
+@pytest.fixture
+def renter_api(renter):
+    return client_for(renter)
+
+
+@pytest.fixture
+def outsider_api(outsider):
+    return client_for(outsider)
+
+
+def agent_client(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+@pytest.fixture
+def is_postgres(db) -> bool:
+    return connection.vendor == "postgresql"
