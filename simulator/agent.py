@@ -472,10 +472,12 @@ class Agent:
                 return
             self._closing.set()
             children = [p for p in self._children if p.poll() is None]
+            names = {w.proc.pid: w.id for w in self._workers.values()}
             self._workers.clear()
         if children:
             log.info("shutting down: stopping %d worker process(es)", len(children))
-        procs.stop_all(children, self.stop_grace_s)
+        for proc, code in zip(children, procs.stop_all(children, self.stop_grace_s)):
+            log.info("worker %s stopped (agent shutdown, exit code %s)", names.get(proc.pid, f"pid {proc.pid}"), code)
         self._spawner.shutdown(wait=True)
         self.wait_idle(self.stop_grace_s + 2.0)
         self._local.close()

@@ -18,6 +18,11 @@ def _celery_eager():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def pytest_collection_modifyitems(config, items):
     from django.conf import settings
 

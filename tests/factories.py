@@ -15,11 +15,10 @@ from nodes.services import create_node
 class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
-        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.test")
-    password = factory.PostGenerationMethodCall("set_password", "pw-correct-horse")
+    password = factory.django.Password("pw-correct-horse")
 
 
 class ServedModelFactory(factory.django.DjangoModelFactory):
