@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "marketplace",
     "nodes",
     "rentals",
+    "inference",
 ]
 
 MIDDLEWARE = [
@@ -171,6 +172,21 @@ RECOVERY_S = env_float("RECOVERY_S", 15.0)
 MASS_STALE_FRACTION = env_float("MASS_STALE_FRACTION", 0.5)
 MASS_STALE_MIN_WORKERS = env_int("MASS_STALE_MIN_WORKERS", 4)
 
+# --- Router --------------------------------------------------------------------
+ROUTER_STORE = env_str("ROUTER_STORE", "auto")  # auto: pg on PostgreSQL, else orm
+ROUTER_DB_POOL = env_int("ROUTER_DB_POOL", 16)
+ROUTER_RETRIES = env_int("ROUTER_RETRIES", 2)
+ROUTER_CONNECT_TIMEOUT_S = env_float("ROUTER_CONNECT_TIMEOUT_S", 2.0)
+ROUTER_CUT_POLL_S = env_float("ROUTER_CUT_POLL_S", 0.25)
+ROUTER_LOG_FLUSH_S = env_float("ROUTER_LOG_FLUSH_S", 0.25)
+ROUTER_KEY_CACHE_S = env_float("ROUTER_KEY_CACHE_S", 10.0)
+ROUTER_MODEL_CACHE_S = env_float("ROUTER_MODEL_CACHE_S", 5.0)
+# Fault-injection headers reach the fake model server only when this is on (demo, tests).
+ROUTER_PASS_SIM_HEADERS = env_bool("ROUTER_PASS_SIM_HEADERS", DEBUG)
+# Generation on a spot worker must fit in the notice window at the model's typical speed.
+SPOT_GENERATION_WINDOW_S = env_float("SPOT_GENERATION_WINDOW_S", 120.0)
+REQUEST_LOG_RETENTION_DAYS = env_float("REQUEST_LOG_RETENTION_DAYS", 7.0)
+
 CELERY_BEAT_SCHEDULE = {
     "drain-tick": {
         "task": "nodes.tasks.drain_tick",
@@ -186,6 +202,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "nodes.tasks.heartbeat_guard",
         "schedule": timedelta(seconds=HEARTBEAT_GUARD_S),
         "options": {"expires": HEARTBEAT_GUARD_S * 2},
+    },
+    "request-log-retention": {
+        "task": "inference.tasks.prune_request_log",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 3600},
     },
     "recovery": {
         "task": "nodes.tasks.recovery_task",

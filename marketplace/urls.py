@@ -3,6 +3,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from inference import api as inference_api
 from marketplace.api import AuthTokenView
 from nodes import api as nodes_api
 from rentals import api as rentals_api
@@ -23,6 +24,8 @@ api_v1 = [
     path("rentals", rentals_api.RentalListView.as_view()),
     path("rentals/<int:rental_id>", rentals_api.RentalDetailView.as_view()),
     path("rentals/<int:rental_id>/end", rentals_api.RentalEndView.as_view()),
+    path("api-keys", inference_api.ApiKeyListView.as_view()),
+    path("api-keys/<int:key_id>", inference_api.ApiKeyDetailView.as_view()),
     path("agent/hello", nodes_api.AgentHelloView.as_view()),
     path("agent/heartbeat", nodes_api.AgentHeartbeatView.as_view()),
     path("agent/workers", nodes_api.AgentWorkersView.as_view()),
