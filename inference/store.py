@@ -10,7 +10,7 @@ import logging
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import close_old_connections, connection
 
 from nodes import slots
 from nodes.slots import Admission
@@ -148,6 +148,19 @@ class PgStore:
                         await copy.write_row([row.get(c, LOG_DEFAULTS.get(c)) for c in LOG_COLUMNS])
 
 
+def _orm(fn: Any) -> Any:
+    """Run an ORM call in a worker thread and hand its connection back afterwards
+    (to the pool on PostgreSQL: a thread that kept it would starve the pool)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(call, thread_sensitive=False)
+
+
 class OrmStore:
     """Same steps through the ORM services, for SQLite and for tests of the rule."""
 
@@ -158,48 +171,47 @@ class OrmStore:
         return None
 
     async def admit(self, *, model_id: int, router: str, request_id: str, exclude: list[str], prefer_on_demand: bool) -> Admission | None:
-        return await sync_to_async(slots.admit, thread_sensitive=False)(
+        return await _orm(slots.admit)(
             model_id=model_id, router_instance=router, request_id=request_id, exclude=exclude, prefer_on_demand=prefer_on_demand
         )
 
     async def release_many(self, admissions: list[Admission]) -> None:
         for admission in admissions:
-            await sync_to_async(slots.release_slot, thread_sensitive=False)(
+            await _orm(slots.release_slot)(
                 slot_id=admission.slot_id, worker_id=admission.worker_id
             )
 
     async def beat(self, router: str) -> None:
-        await sync_to_async(slots.router_heartbeat, thread_sensitive=False)(instance_id=router)
+        await _orm(slots.router_heartbeat)(instance_id=router)
 
     async def router_slots(self, router: str) -> set[str]:
         from nodes.models import Slot
 
-        ids = await sync_to_async(lambda: list(Slot.objects.filter(router_instance=router).values_list("pk", flat=True)), thread_sensitive=False)()
+        ids = await _orm(lambda: list(Slot.objects.filter(router_instance=router).values_list("pk", flat=True)))()
         return {str(i) for i in ids}
 
     async def slot_exists(self, slot_id: str) -> bool:
         from nodes.models import Slot
 
-        return await Slot.objects.filter(pk=slot_id).aexists()
+        return await _orm(lambda: Slot.objects.filter(pk=slot_id).exists())()
 
     async def api_key_id(self, key_hash: str) -> int | None:
         from inference.models import ApiKey
 
-        key = await ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).only("id").afirst()
-        return key.pk if key else None
+        return await _orm(
+            lambda: ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).values_list("pk", flat=True).first()
+        )()
 
     async def models(self) -> list[dict[str, Any]]:
         from nodes.models import ServedModel
 
-        return [
-            {"id": m.pk, "name": m.name, "tokens_per_s": m.typical_tokens_per_s}
-            async for m in ServedModel.objects.order_by("name")
-        ]
+        rows = await _orm(lambda: list(ServedModel.objects.order_by("name").values_list("pk", "name", "typical_tokens_per_s")))()
+        return [{"id": pk, "name": name, "tokens_per_s": tps} for pk, name, tps in rows]
 
     async def write_logs(self, rows: list[dict[str, Any]]) -> None:
         from inference.models import RequestLog
 
-        await RequestLog.objects.abulk_create([RequestLog(**row) for row in rows])
+        await _orm(RequestLog.objects.bulk_create)([RequestLog(**row) for row in rows])
 
 
 def make_store() -> Store:

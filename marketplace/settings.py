@@ -76,6 +76,14 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", True):
+    # Under ASGI every sync request runs in a new thread, so CONN_MAX_AGE
+    # connections are never reused and pile up; a pool per process is reused.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {"min_size": 1, "max_size": env_int("DB_POOL_MAX", 8), "timeout": env_float("DB_POOL_TIMEOUT_S", 10.0)}
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, beat) share one file: wait for the write
     # lock instead of failing, and take it at BEGIN so a read-then-write never

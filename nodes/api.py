@@ -108,13 +108,19 @@ class HardwareSerializer(serializers.Serializer):
     gpu_count = serializers.IntegerField(min_value=0, max_value=1024, required=False)
     vram_gb = serializers.IntegerField(min_value=0, max_value=100000, required=False)
 
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+        return super().to_internal_value(data)
+
 
 class CloudSerializer(serializers.Serializer):
-    provider = serializers.CharField(max_length=32, required=False, allow_blank=True)
-    instance_id = serializers.CharField(max_length=128, required=False, allow_blank=True)
-    instance_type = serializers.CharField(max_length=64, required=False, allow_blank=True)
-    region = serializers.CharField(max_length=64, required=False, allow_blank=True)
-    zone = serializers.CharField(max_length=64, required=False, allow_blank=True)
+    # Agents off any cloud send nulls for what they cannot know: accepted, ignored.
+    provider = serializers.CharField(max_length=32, required=False, allow_blank=True, allow_null=True)
+    instance_id = serializers.CharField(max_length=128, required=False, allow_blank=True, allow_null=True)
+    instance_type = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
+    region = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
+    zone = serializers.CharField(max_length=64, required=False, allow_blank=True, allow_null=True)
 
 
 class HelloSerializer(serializers.Serializer):

@@ -44,9 +44,16 @@ def ack_command(
         command.ok = ok
         command.detail = detail[:500]
         command.save(update_fields=["acked_at", "ok", "detail"])
+        # The ack belongs on the drain's timeline when the command stopped a drained worker.
+        reclaim_id = (
+            Worker.objects.filter(pk=command.worker_id).values_list("reclaim_id", flat=True).first()
+            if command.worker_id and command.kind == CommandKind.STOP_WORKER
+            else None
+        )
         events.record(
             node_id=node.pk,
             kind=f"{command.kind}_acked",
+            reclaim_id=reclaim_id,
             worker_id=command.worker_id,
             command_id=str(command.pk),
             ok=ok,

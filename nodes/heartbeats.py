@@ -49,9 +49,9 @@ def hello(
     running = {str(w) for w in running_worker_ids or []}
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
-        for field, key in (("gpu_model", "gpu_model"), ("gpu_count", "gpu_count"), ("vram_gb", "vram_gb")):
-            if key in hardware:
-                setattr(node, field, hardware[key])
+        for field in ("gpu_model", "gpu_count", "vram_gb"):
+            if hardware.get(field) is not None:
+                setattr(node, field, hardware[field])
         for field, key in (
             ("cloud", "provider"),
             ("cloud_instance_id", "instance_id"),

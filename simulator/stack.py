@@ -64,7 +64,8 @@ def with_database_name(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
-def _libpq(url: str) -> str:
+def libpq_url(url: str) -> str:
+    """The URL as libpq spells it."""
     # dj-database-url accepts postgres://, postgresql:// and postgis://; libpq only the first two.
     parts = urlsplit(url)
     scheme = "postgresql" if parts.scheme in ("postgres", "postgresql", "pgsql", "postgis") else parts.scheme
@@ -73,7 +74,7 @@ def _libpq(url: str) -> str:
 
 def _maintenance(url: str) -> psycopg.Connection[Any]:
     # CREATE/DROP DATABASE cannot run inside a transaction block: autocommit.
-    return psycopg.connect(_libpq(with_database_name(url, "postgres")), autocommit=True)
+    return psycopg.connect(libpq_url(with_database_name(url, "postgres")), autocommit=True)
 
 
 def create_database(url: str, *, drop_existing: bool = False) -> bool:
@@ -454,7 +455,7 @@ class Stack:
 
     def db(self) -> psycopg.Connection[Any]:
         """A psycopg connection to the stack's database (autocommit), for set-up and assertions."""
-        return psycopg.connect(_libpq(self.database_url), autocommit=True)
+        return psycopg.connect(libpq_url(self.database_url), autocommit=True)
 
     def diagnostics(self, lines: int = 30) -> str:
         """The tail of every process's log, for a failure message."""

@@ -18,6 +18,18 @@ def _celery_eager():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _close_db_pools(django_db_setup, django_db_blocker):
+    """Hand pooled connections back before pytest-django drops the test database."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for conn in connections.all():
+            if getattr(conn, "pool", None) is not None:
+                conn.close_pool()
+
+
 @pytest.fixture(autouse=True)
 def _fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from psycopg.rows import dict_row
 
-from simulator.stack import Stack, pid_alive, port_open, wait_until, with_database_name
+from simulator.stack import Proc, Stack, pid_alive, port_open, wait_until, with_database_name
 
 E2E_NOT_RUN: list[str] = []
 
@@ -111,3 +112,92 @@ class E2E:
         self.api = api
 
     @staticmethod
+    def parse_time(value: str) -> datetime:
+        parsed = datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+    @staticmethod
+    def now() -> datetime:
+        return datetime.now(UTC)
+
+    @staticmethod
+    def server_gone(endpoint: str, pid: int) -> bool:
+        """The model server's process has exited and nothing listens on its port any more."""
+        host, port = endpoint.rsplit("//", 1)[1].rsplit(":", 1)
+        return not pid_alive(pid) and not port_open(host, int(port))
+
+    def wait(self, predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+        return wait_until(predicate, timeout, what, interval=interval, on_timeout=self.stack.diagnostics)
+
+    def spot_node_with_agent(self, name: str) -> tuple[dict[str, Any], Proc]:
+        """A spot node created through the API, with the reference agent running for it."""
+        response = self.api.post(
+            "/api/v1/nodes",
+            json={"name": name, "is_spot": True, "price_per_hour": "1.20", "gpu_model": "A100", "vram_gb": 80},
+        )
+        assert response.status_code == 201, response.text
+        node = response.json()
+        agent = self.stack.start_agent(
+            node["agent_token"],
+            gpu_model="A100",
+            vram_gb=80,
+            stop_grace_s=E2E_ENV["STOP_GRACE_S"],
+            # The agent's CLI sends null for every cloud flag left out, and the
+            # platform's hello rejects null with a 400: give them all.
+            cloud="aws",
+            instance_id=f"i-{secrets.token_hex(6)}",
+            instance_type="p4d.24xlarge",
+            region="us-east-1",
+            zone="us-east-1a",
+        )
+        return node, agent
+
+    def node(self, node_id: int) -> dict[str, Any]:
+        response = self.api.get(f"/api/v1/nodes/{node_id}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def reclaims(self, node_id: int) -> list[dict[str, Any]]:
+        response = self.api.get(f"/api/v1/nodes/{node_id}/reclaims")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def ready_worker(self, node_id: int, *, not_ids: tuple[str, ...] = (), timeout: float = 20) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            workers = self.node(node_id)["workers"]
+            return next((w for w in workers if w["status"] == "ready" and w["id"] not in not_ids), None)
+
+        return self.wait(ready, timeout, f"a ready worker on node {node_id}", interval=0.1)
+
+    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Rows of a query on the stack's database (psycopg, autocommit)."""
+        with self.stack.db() as conn, conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def worker_row(self, worker_id: str) -> dict[str, Any]:
+        rows = self.sql("SELECT * FROM nodes_worker WHERE id = %s", (worker_id,))
+        assert rows, f"no worker {worker_id}"
+        return rows[0]
+
+    def model_server(self, worker_id: str) -> tuple[str, int]:
+        """The endpoint and pid of a worker's model server (the API does not publish endpoints)."""
+        endpoint = self.worker_row(worker_id)["endpoint"]
+        stats = httpx.get(f"{endpoint}/sim/stats", timeout=2, trust_env=False)
+        assert stats.status_code == 200, stats.text
+        return endpoint, int(stats.json()["pid"])
+
+    def serves(self, endpoint: str, model: str) -> bool:
+        """The model server answers the OpenAI models list with its model."""
+        response = httpx.get(f"{endpoint}/v1/models", timeout=2, trust_env=False)
+        return response.status_code == 200 and [m["id"] for m in response.json()["data"]] == [model]
+
+    def pause(self, node_id: int) -> dict[str, Any]:
+        response = self.api.post(f"/api/v1/nodes/{node_id}/pause")
+        assert response.status_code == 202, response.text
+        return response.json()
+
+
+@pytest.fixture
+def e2e(stack: Stack, owner_api: httpx.Client) -> E2E:
+    return E2E(stack, owner_api)
