@@ -74,6 +74,7 @@ class Router:
         self._release_wanted = asyncio.Event()
         self._releases_idle = asyncio.Event()
         self._releases_idle.set()
+        self._flush_lock = asyncio.Lock()
         self._started = False
         self._start_lock = asyncio.Lock()
 
@@ -167,8 +168,7 @@ class Router:
 
     async def settle(self) -> None:
         """Wait until every released slot is written and the log flushed (tests, shutdown)."""
-        if self.releases:
-            self._release_wanted.set()
+        if self._tasks:
             await asyncio.wait_for(self._releases_idle.wait(), timeout=10)
         await self._flush_logs()
 
@@ -178,13 +178,16 @@ class Router:
             await self._flush_logs()
 
     async def _flush_logs(self) -> None:
-        if not self.log_buffer:
-            return
-        rows, self.log_buffer = self.log_buffer, []
-        try:
-            await self.store.write_logs(rows)
-        except Exception:
-            log.exception("request_log_flush_failed rows=%d", len(rows))
+        # One flush at a time, so a caller that finds the buffer empty knows the
+        # rows taken by a flush in progress are written when it gets the lock.
+        async with self._flush_lock:
+            if not self.log_buffer:
+                return
+            rows, self.log_buffer = self.log_buffer, []
+            try:
+                await self.store.write_logs(rows)
+            except Exception:
+                log.exception("request_log_flush_failed rows=%d", len(rows))
 
     # --- lookups -----------------------------------------------------------------
 

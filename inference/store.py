@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connection
 
+from marketplace import pg
 from nodes import slots
 from nodes.slots import Admission
 
@@ -53,28 +54,9 @@ class PgStore:
         self.max_size = max_size
         self.pool: Any = None
         self.release_conn: Any = None
-        # Slot leases are short-lived: a commit need not wait for the WAL
-        # flush. A database crash can lose only the last few milliseconds of
-        # leases, each change atomic; the router then treats its lease as cut
-        # and the counter and the rows stay consistent with each other.
-        self._conn_kwargs = {"autocommit": True, "options": "-c synchronous_commit=off"}
-
-    def _conninfo(self) -> str:
-        s = connection.settings_dict
-        parts = {"dbname": s["NAME"], "user": s.get("USER"), "password": s.get("PASSWORD"), "host": s.get("HOST"), "port": s.get("PORT")}
-        return " ".join(f"{k}={v}" for k, v in parts.items() if v)
 
     async def start(self) -> None:
-        from psycopg_pool import AsyncConnectionPool
-
-        self.pool = AsyncConnectionPool(
-            self._conninfo(),
-            min_size=self.min_size,
-            max_size=self.max_size,
-            open=False,
-            kwargs=self._conn_kwargs,
-        )
-        await self.pool.open(wait=True, timeout=10)
+        self.pool = await pg.open_pool(min_size=self.min_size, max_size=self.max_size)
 
     async def close(self) -> None:
         if self.release_conn is not None:
@@ -100,7 +82,7 @@ class PgStore:
         from psycopg import AsyncConnection
 
         if self.release_conn is None or self.release_conn.closed:
-            self.release_conn = await AsyncConnection.connect(self._conninfo(), **self._conn_kwargs)
+            self.release_conn = await AsyncConnection.connect(pg.conninfo(), **pg.FAST_CONN_KWARGS)
         try:
             cur = await self.release_conn.execute(
                 slots.PG_RELEASE_MANY_SQL,

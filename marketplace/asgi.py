@@ -9,11 +9,39 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 django.setup()
 django_app = get_asgi_application()
 
+from django.db import connection  # noqa: E402
+
 from inference.router import router  # noqa: E402  (needs settings loaded)
+from nodes.agent_fastpath import AgentFastPath  # noqa: E402
+
+# Heartbeats take the one-statement path on PostgreSQL; Django answers everything else.
+agent_fastpath = AgentFastPath(fallback=django_app) if connection.vendor == "postgresql" else None
+
+
+async def lifespan(receive, send):
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await router.ensure_started()
+            except Exception as exc:  # the server must not start half-configured
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await router.shutdown()
+            if agent_fastpath is not None:
+                await agent_fastpath.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 async def application(scope, receive, send):
-    if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"].startswith("/v1/")):
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+    elif scope["type"] == "http" and scope["path"].startswith("/v1/"):
         await router(scope, receive, send)
+    elif agent_fastpath is not None and agent_fastpath.handles(scope):
+        await agent_fastpath(scope, receive, send)
     else:
         await django_app(scope, receive, send)

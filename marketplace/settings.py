@@ -196,6 +196,7 @@ ROUTER_MODEL_CACHE_S = env_float("ROUTER_MODEL_CACHE_S", 5.0)
 ROUTER_PASS_SIM_HEADERS = env_bool("ROUTER_PASS_SIM_HEADERS", DEBUG)
 # Generation on a spot worker must fit in the notice window at the model's typical speed.
 SPOT_GENERATION_WINDOW_S = env_float("SPOT_GENERATION_WINDOW_S", 120.0)
+AGENT_FASTPATH_POOL = env_int("AGENT_FASTPATH_POOL", 8)
 REQUEST_LOG_RETENTION_DAYS = env_float("REQUEST_LOG_RETENTION_DAYS", 7.0)
 
 CELERY_BEAT_SCHEDULE = {

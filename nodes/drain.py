@@ -37,10 +37,16 @@ def drain_deadline(started_at: datetime, not_before: datetime | None = None) -> 
     return max(deadline, started_at)
 
 
-def _enqueue_finish(worker_id: Any) -> None:
+def _enqueue_finish(worker_id: Any, at: datetime | None = None) -> None:
     from nodes.tasks import finish_drain_task
 
-    transaction.on_commit(lambda: finish_drain_task.delay(str(worker_id)))
+    if at is None:
+        transaction.on_commit(lambda: finish_drain_task.delay(str(worker_id)))
+    else:
+        # Due at the deadline (a hair after, so clock skew never makes it early);
+        # many deadlines at once spread over the Celery workers, not one tick.
+        eta = at + timedelta(milliseconds=50)
+        transaction.on_commit(lambda: finish_drain_task.apply_async(args=[str(worker_id)], eta=eta))
 
 
 def start_node_drain(
@@ -93,22 +99,31 @@ def start_worker_drain(*, worker: Worker, reclaim: Reclaim, now: datetime) -> in
         in_flight=worker.in_flight,
         deadline=reclaim.deadline,
     )
-    # A worker with nothing in flight is stopped right after the commit; the
-    # drain tick remains the backstop if this message is lost.
+    # A worker with nothing in flight is stopped right after the commit, one
+    # with requests at its deadline unless they finish first; the drain tick
+    # remains the backstop if either message is lost.
     if worker.in_flight == 0:
         _enqueue_finish(worker.pk)
+    else:
+        _enqueue_finish(worker.pk, at=reclaim.deadline)
     return worker.in_flight
 
 
-def finish_drain(worker_id: Any, *, now: datetime | None = None) -> bool:
-    """Stop a draining worker at zero slots or at its deadline. True if it stopped it."""
-    now = now or timezone.now()
+def finish_drain(worker_id: Any, *, now: datetime | None = None, skip_locked: bool = False) -> bool:
+    """Stop a draining worker at zero slots or at its deadline. True if it stopped it.
+
+    With skip_locked (the tick), a node another process is working on is left to it.
+    """
     node_id = Worker.objects.filter(pk=worker_id).values_list("node_id", flat=True).first()
     if node_id is None:
         return False
     with transaction.atomic():
         # Lock order everywhere: node, then worker, then slots.
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = Node.objects.select_for_update(skip_locked=skip_locked).filter(pk=node_id).first()
+        if node is None:
+            return False
+        # Read the clock after the lock: the stop time is when it happened.
+        now = now or timezone.now()
         worker = Worker.objects.select_for_update().filter(pk=worker_id).first()
         if worker is None or worker.status != WorkerStatus.DRAINING:
             return False

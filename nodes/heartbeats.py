@@ -5,6 +5,7 @@ each a conditional UPDATE on the status, so no heartbeat, however late or
 however many at once, can move a worker out of `draining` or `stopped`.
 """
 
+import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -213,3 +214,71 @@ def mark_worker_lost(*, worker_id: Any, now: datetime) -> bool:
         stop_worker(node=node, worker=worker, reason=StopReason.LOST, now=now, cut=worker.in_flight)
     log.warning("worker_lost node=%s worker=%s", node_id, worker_id)
     return True
+
+
+# --- The same heartbeat in one statement, for PostgreSQL --------------------------
+#
+# `heartbeat()` above is the reference; the agent fast path (nodes/agent_fastpath.py)
+# runs this statement instead, and the tests hold both to the same cases. R7 holds
+# by the same means: the worker UPDATE's SET re-reads the row it finally locks, so
+# after a drain commits, `status` stays `draining` whatever the agent reported.
+PG_HEARTBEAT_SQL = """
+WITH req AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(ready)s::bool[]) AS r(id, ready)
+), foreign_worker AS (
+    SELECT 1 FROM nodes_worker w JOIN req ON req.id = w.id WHERE w.node_id <> %(node)s LIMIT 1
+), seen AS (
+    UPDATE nodes_node SET last_seen_at = now()
+    WHERE id = %(node)s AND NOT EXISTS (SELECT 1 FROM foreign_worker)
+    RETURNING id
+), touched AS (
+    UPDATE nodes_worker w SET
+        expires_at = now() + make_interval(secs => %(expiry_s)s),
+        status = CASE WHEN w.status = 'starting' AND req.ready THEN 'ready' ELSE w.status END,
+        ready_at = CASE WHEN w.status = 'starting' AND req.ready THEN now() ELSE w.ready_at END
+    FROM req, seen
+    WHERE w.id = req.id AND w.node_id = seen.id AND w.status IN ('starting', 'ready', 'draining')
+    RETURNING w.id, w.status, w.expires_at
+), settled AS (
+    SELECT w.id, w.status FROM nodes_worker w JOIN req ON req.id = w.id, seen
+    WHERE w.node_id = seen.id AND w.status NOT IN ('starting', 'ready', 'draining')
+), delivered AS (
+    UPDATE nodes_command c
+    SET delivery_count = c.delivery_count + 1, first_delivered_at = COALESCE(c.first_delivered_at, now())
+    FROM seen WHERE c.node_id = seen.id AND c.acked_at IS NULL
+    RETURNING c.id, c.kind, c.payload, c.created_at
+)
+SELECT 'worker', id::text, status, expires_at, NULL, NULL FROM touched
+UNION ALL SELECT 'worker', id::text, status, NULL, NULL, NULL FROM settled
+UNION ALL SELECT 'command', id::text, kind, created_at, payload::text, NULL FROM delivered
+UNION ALL SELECT 'node', id::text, NULL, NULL, NULL, NULL FROM seen
+UNION ALL SELECT 'foreign', NULL, NULL, NULL, NULL, NULL FROM foreign_worker
+"""
+
+
+def heartbeat_params(*, node_id: int, workers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "node": node_id,
+        "ids": [str(w["id"]) for w in workers],
+        "ready": [w.get("status") == "ready" for w in workers],
+        "expiry_s": settings.WORKER_EXPIRY_S,
+    }
+
+
+def heartbeat_reply(rows: list[tuple], workers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Shape the statement's rows as `heartbeat()` replies; None when it changed nothing
+    (an unknown node or another node's worker), so the caller lets the reference path answer."""
+    kinds = {row[0] for row in rows}
+    if "foreign" in kinds or "node" not in kinds:
+        return None
+    statuses = {row[1]: (row[2], row[3]) for row in rows if row[0] == "worker"}
+    commands = sorted((row for row in rows if row[0] == "command"), key=lambda row: row[3])
+    reply_workers = []
+    for w in workers:
+        status, expires_at = statuses.get(str(w["id"]), ("unknown", None))
+        reply_workers.append({"id": str(w["id"]), "status": status, "expires_at": expires_at})
+    return {
+        "workers": reply_workers,
+        "commands": [{"id": row[1], "kind": row[2], "payload": json.loads(row[4])} for row in commands],
+        "heartbeat_interval_s": settings.HEARTBEAT_INTERVAL_S,
+    }

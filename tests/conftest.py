@@ -28,6 +28,16 @@ def _close_db_pools(django_db_setup, django_db_blocker):
         for conn in connections.all():
             if getattr(conn, "pool", None) is not None:
                 conn.close_pool()
+        default = connections["default"]
+        if default.vendor == "postgresql":
+            # Threads of the router tests may still hold sessions: end them, or
+            # the test database cannot be dropped.
+            with default.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            default.close()
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from django.db import connection
+from django.db import close_old_connections, connection
 
 from inference.keys import create_api_key
 from inference.router import Router
@@ -135,6 +135,18 @@ def run(scenario: Callable[[ServedRouter, httpx.AsyncClient], Any], env: dict[st
 
     with ServedRouter(make_router(env["store_kind"])) as served:
         return asyncio.run(main(served))
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ORM code from a scenario, then give the thread's connection back to the pool."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return await asyncio.to_thread(call)
 
 
 def chat(max_tokens: int = 3, stream: bool = False, **extra: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from nodes.models import Slot, Worker
 from nodes.services import pause_node
 from simulator.procs import free_port
 from tests.factories import make_node, make_ready_worker
-from tests.router.conftest import chat, run
+from tests.router.conftest import chat, in_thread, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -198,11 +198,11 @@ def test_r6_stream_running_at_the_drain_deadline_ends_worker_reclaimed(router_en
 
             async def deadline_passes() -> None:
                 # Wait until the request holds its slot, then pause and let the deadline pass.
-                while not await asyncio.to_thread(lambda: Slot.objects.filter(worker=worker).exists()):
+                while not await in_thread(lambda: Slot.objects.filter(worker=worker).exists()):
                     await asyncio.sleep(0.02)
-                await asyncio.to_thread(pause_node, node_id=worker.node_id)
+                await in_thread(pause_node, node_id=worker.node_id)
                 later = timezone.now() + timedelta(seconds=121)
-                assert await asyncio.to_thread(finish_drain, worker.pk, now=later)
+                assert await in_thread(finish_drain, worker.pk, now=later)
 
             cutter = asyncio.create_task(deadline_passes())
             text = (await response.aread()).decode()
@@ -226,9 +226,9 @@ def test_r4_last_release_on_draining_worker_finishes_drain(router_env, model_ser
 
     async def scenario(router, client):
         async with client.stream("POST", "/v1/chat/completions", json=chat(max_tokens=30, stream=True)) as response:
-            while not await asyncio.to_thread(lambda: Slot.objects.filter(worker=worker).exists()):
+            while not await in_thread(lambda: Slot.objects.filter(worker=worker).exists()):
                 await asyncio.sleep(0.02)
-            await asyncio.to_thread(pause_node, node_id=worker.node_id)
+            await in_thread(pause_node, node_id=worker.node_id)
             text = (await response.aread()).decode()
         await router.settle()
         return text
@@ -248,7 +248,7 @@ def test_r4_client_disconnect_mid_stream_releases_the_slot(router_env, model_ser
                 break  # the client hangs up after the first bytes
         for _ in range(100):
             await router.settle()
-            if not await asyncio.to_thread(lambda: Slot.objects.exists()):
+            if not await in_thread(lambda: Slot.objects.exists()):
                 break
             await asyncio.sleep(0.05)
 
