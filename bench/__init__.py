@@ -94,6 +94,9 @@ def fresh_database() -> str:
     from django.db import connections
 
     connections.close_all()  # our own sessions would block nothing (FORCE), but would then be dead
+    for conn in connections.all():
+        if getattr(conn, "pool", None) is not None:
+            conn.close_pool()  # pooled sessions too: a fresh pool opens on the new database
     url = bench_database_url()
     create_database(url, drop_existing=True)
     call_command("migrate", verbosity=0, interactive=False)
