@@ -162,9 +162,15 @@ class Agent:
             # A dead worker is reported once as stopped; the platform owns it from there.
             for key in dead:
                 self._workers.pop(key, None)
-        self._apply_worker_statuses(reply.get("workers") or [])
+        commands = reply.get("commands") or []
+        # A stop_worker in this reply carries the platform's grace and gets the
+        # interrupted count in its ack: let it stop those workers, not the status.
+        stopping = {
+            str((c.get("payload") or {}).get("worker_id")) for c in commands if c.get("kind") == "stop_worker"
+        }
+        self._apply_worker_statuses([w for w in reply.get("workers") or [] if str(w.get("id")) not in stopping])
         self._set_interval(reply)
-        for command in reply.get("commands") or []:
+        for command in commands:
             self.handle(command)
         return reply
 
