@@ -22,6 +22,7 @@ from nodes.models import (
     CommandKind,
     Node,
     Reclaim,
+    ReclaimTrigger,
     Slot,
     StopReason,
     Worker,
@@ -106,6 +107,12 @@ def start_worker_drain(*, worker: Worker, reclaim: Reclaim, now: datetime) -> in
         _enqueue_finish(worker.pk)
     else:
         _enqueue_finish(worker.pk, at=reclaim.deadline)
+    if reclaim.trigger != ReclaimTrigger.LATE_REGISTRATION:
+        # Capacity comes back while the old worker drains (R3 places it).
+        from nodes.tasks import place_replacement_task
+
+        model_id, node_id = worker.model_id, worker.node_id
+        transaction.on_commit(lambda: place_replacement_task.delay(model_id, node_id))
     return worker.in_flight
 
 

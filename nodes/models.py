@@ -54,6 +54,9 @@ class ServedModel(models.Model):
     min_vram_gb = models.PositiveIntegerField(default=0)
     typical_tokens_per_s = models.FloatField(default=50.0)
     target_replicas = models.PositiveIntegerField(default=1)
+    # Replicas kept on on-demand nodes, so a wave of spot reclaims never takes
+    # the model away entirely.
+    min_on_demand_replicas = models.PositiveIntegerField(default=0)
     max_slots = models.PositiveIntegerField(default=8)
 
     class Meta:

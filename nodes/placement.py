@@ -4,7 +4,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, FloatField, Q
+from django.db.models import Case, Count, Exists, F, FloatField, IntegerField, OuterRef, Q, Value, When
 from django.db.models.functions import Cast, Greatest
 from django.utils import timezone
 
@@ -13,8 +13,14 @@ from nodes.commands import issue_command
 from nodes.models import LIVE_WORKER_STATUSES, CommandKind, Node, ServedModel, Worker, WorkerStatus
 
 
-def place_worker(node: Node | int, *, now: datetime | None = None) -> Worker | None:
-    """Start a worker on the node if it may hold workload and has none; else return at once."""
+def place_worker(
+    node: Node | int, *, now: datetime | None = None, model: ServedModel | None = None
+) -> Worker | None:
+    """Start a worker on the node if it may hold workload and has none; else return at once.
+
+    `model` asks for that model (a warm replacement); otherwise the node gets the
+    fitting model furthest below its targets.
+    """
     from rentals.selectors import node_is_rented
 
     now = now or timezone.now()
@@ -27,7 +33,10 @@ def place_worker(node: Node | int, *, now: datetime | None = None) -> Worker | N
             return None
         if Worker.objects.filter(node=node, status__in=LIVE_WORKER_STATUSES).exists():
             return None
-        model = choose_model(node)
+        if model is None:
+            model = choose_model(node)
+        elif model.min_vram_gb > node.vram_gb:
+            return None
         if model is None:
             return None
         worker = Worker.objects.create(
@@ -48,17 +57,54 @@ def place_worker(node: Node | int, *, now: datetime | None = None) -> Worker | N
 
 
 def choose_model(node: Node) -> ServedModel | None:
-    """The fitting model furthest below its target replica count."""
-    live = Count("workers", filter=Q(workers__status__in=[WorkerStatus.STARTING, WorkerStatus.READY]))
-    return (
-        ServedModel.objects.filter(min_vram_gb__lte=node.vram_gb)
-        .annotate(
-            live=live,
-            fill=Cast(live, FloatField()) / Cast(Greatest(F("target_replicas"), 1), FloatField()),
-        )
-        .order_by("fill", "name")
-        .first()
+    """The fitting model furthest below its target replica count; on an on-demand
+    node, a model short of its on-demand floor comes first."""
+    serving = Q(workers__status__in=[WorkerStatus.STARTING, WorkerStatus.READY])
+    live = Count("workers", filter=serving)
+    on_demand = Count("workers", filter=serving & Q(workers__node__is_spot=False))
+    queryset = ServedModel.objects.filter(min_vram_gb__lte=node.vram_gb).annotate(
+        live=live,
+        fill=Cast(live, FloatField()) / Cast(Greatest(F("target_replicas"), 1), FloatField()),
+        floor_short=Greatest(F("min_on_demand_replicas") - on_demand, 0),
     )
+    order = ["fill", "name"] if node.is_spot else ["-floor_short", "fill", "name"]
+    return queryset.order_by(*order).first()
+
+
+def place_replacement(*, model_id: int, instead_of_node_id: int, now: datetime | None = None) -> Worker | None:
+    """A warm replacement for a draining worker: the same model on another idle node,
+    on-demand before spot, another capacity pool before the same one, cheapest first."""
+    from rentals.models import OPEN_RENTAL_STATUSES, Rental
+
+    now = now or timezone.now()
+    model = ServedModel.objects.filter(pk=model_id).first()
+    origin = Node.objects.filter(pk=instead_of_node_id).first()
+    if model is None or origin is None:
+        return None
+    live = Worker.objects.filter(node=OuterRef("pk"), status__in=LIVE_WORKER_STATUSES)
+    rented = Rental.objects.filter(node=OuterRef("pk"), status__in=OPEN_RENTAL_STATUSES)
+    same_pool = Q(cloud=origin.cloud, instance_type=origin.instance_type, zone=origin.zone)
+    candidates = (
+        Node.objects.filter(
+            workload_enabled=True,
+            last_seen_at__gte=now - timedelta(seconds=settings.NODE_OFFLINE_S),
+            vram_gb__gte=model.min_vram_gb,
+        )
+        .exclude(pk=origin.pk)
+        .filter(~Exists(live), ~Exists(rented))
+        .annotate(same_pool=Case(When(same_pool, then=Value(1)), default=Value(0), output_field=IntegerField()))
+        .order_by("is_spot", "same_pool", "price_per_hour", "pk")
+        .values_list("pk", flat=True)[:20]
+    )
+    for node_id in list(candidates):
+        worker = place_worker(node_id, now=now, model=model)
+        if worker is not None:
+            events.record(
+                node_id=node_id, kind="warm_replacement", worker_id=worker.pk, at=now,
+                model=model.name, instead_of_node=instead_of_node_id,
+            )
+            return worker
+    return None
 
 
 def after_worker_stopped(*, node: Node, now: datetime) -> None:
