@@ -12,7 +12,7 @@ import time
 import traceback
 from datetime import UTC, datetime
 
-BENCHMARKS = ["heartbeats", "drain_reaction", "deadline"]
+BENCHMARKS = ["heartbeats", "drain_reaction", "deadline", "reputation", "router"]
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from marketplace.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -36,6 +37,8 @@ INSTALLED_APPS = [
     "nodes",
     "rentals",
     "inference",
+    "reputation",
+    "preemption",
 ]
 
 MIDDLEWARE = [
@@ -117,7 +120,11 @@ STORAGES = {
 # Tests and a fresh checkout render pages before collectstatic has run.
 WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
-LOGIN_URL = "/admin/login/"
+# The portal's own stylesheet and script (static/), next to the apps' static files.
+STATICFILES_DIRS = [BASE_DIR / "static"]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/nodes/"
+LOGOUT_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -199,6 +206,31 @@ SPOT_GENERATION_WINDOW_S = env_float("SPOT_GENERATION_WINDOW_S", 120.0)
 AGENT_FASTPATH_POOL = env_int("AGENT_FASTPATH_POOL", 8)
 REQUEST_LOG_RETENTION_DAYS = env_float("REQUEST_LOG_RETENTION_DAYS", 7.0)
 
+# --- Reputation (R11) -------------------------------------------------------------
+# Beta prior: a new provider starts at 9/10 and one early failure costs little.
+REPUTATION_PRIOR_SUCCESSES = env_float("REPUTATION_PRIOR_SUCCESSES", 9.0)
+REPUTATION_PRIOR_FAILURES = env_float("REPUTATION_PRIOR_FAILURES", 1.0)
+REPUTATION_WINDOW_DAYS = env_float("REPUTATION_WINDOW_DAYS", 90.0)
+REPUTATION_DELIST_BELOW = env_float("REPUTATION_DELIST_BELOW", 0.6)
+REPUTATION_DELIST_MIN_RENTALS = env_int("REPUTATION_DELIST_MIN_RENTALS", 5)
+
+# --- Cloud preemption notices (R12) ------------------------------------------------
+# shadow by default: a new deployment records what it would do with real notices
+# (matching by instance id, predicted drains) before staff let a cloud drain nodes,
+# per cloud, in the admin (PreemptionPolicy), no deploy needed.
+PREEMPTION_MODE = env_str("PREEMPTION_MODE", "shadow").strip().lower()
+if PREEMPTION_MODE not in ("off", "shadow", "prod"):
+    raise ImproperlyConfigured(f"PREEMPTION_MODE={PREEMPTION_MODE!r} must be off, shadow or prod")
+PREEMPTION_WEBHOOK_SECRET = env_str("PREEMPTION_WEBHOOK_SECRET", "dev-only-preemption-webhook-secret")
+# A signed timestamp (X-Signature-Timestamp) older or newer than this is refused as a replay.
+PREEMPTION_SIGNATURE_MAX_AGE_S = env_float("PREEMPTION_SIGNATURE_MAX_AGE_S", 300.0)
+# A rebalance recommendation marks its node at risk this long, unless a terminate comes first.
+PREEMPTION_AT_RISK_S = env_float("PREEMPTION_AT_RISK_S", 1800.0)
+# Placement leaves a capacity pool's spot nodes alone this long after a preemption in it.
+POOL_AVOID_AFTER_INTERRUPTION_S = env_float("POOL_AVOID_AFTER_INTERRUPTION_S", 180.0)
+# Shadow predictions: a typical answer's length, for when an in-flight request would finish.
+PREEMPTION_TYPICAL_OUTPUT_TOKENS = env_int("PREEMPTION_TYPICAL_OUTPUT_TOKENS", 256)
+
 CELERY_BEAT_SCHEDULE = {
     "drain-tick": {
         "task": "nodes.tasks.drain_tick",
@@ -219,6 +251,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "inference.tasks.prune_request_log",
         "schedule": timedelta(hours=1),
         "options": {"expires": 3600},
+    },
+    "reputation-recompute": {
+        "task": "reputation.tasks.recompute_reputation",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 3600},
+    },
+    "render-scheduler": {
+        "task": "rentals.tasks.schedule_render_jobs_task",
+        "schedule": timedelta(seconds=RECOVERY_S),
+        "options": {"expires": RECOVERY_S * 2},
     },
     "recovery": {
         "task": "nodes.tasks.recovery_task",

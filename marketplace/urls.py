@@ -1,12 +1,14 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from inference import api as inference_api
 from marketplace.api import AuthTokenView
 from nodes import api as nodes_api
 from rentals import api as rentals_api
+from rentals import render_api
+from reputation import api as reputation_api
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -26,6 +28,12 @@ api_v1 = [
     path("rentals/<int:rental_id>/end", rentals_api.RentalEndView.as_view()),
     path("api-keys", inference_api.ApiKeyListView.as_view()),
     path("api-keys/<int:key_id>", inference_api.ApiKeyDetailView.as_view()),
+    path("render-jobs", render_api.RenderJobListView.as_view()),
+    path("render-jobs/<int:job_id>", render_api.RenderJobDetailView.as_view()),
+    path("reputation", reputation_api.MyReputationView.as_view()),
+    path("staff/providers", reputation_api.StaffProviderListView.as_view()),
+    path("staff/providers/<int:provider_id>/delist", reputation_api.StaffDelistView.as_view()),
+    path("staff/providers/<int:provider_id>/reinstate", reputation_api.StaffReinstateView.as_view()),
     path("agent/hello", nodes_api.AgentHelloView.as_view()),
     path("agent/heartbeat", nodes_api.AgentHeartbeatView.as_view()),
     path("agent/workers", nodes_api.AgentWorkersView.as_view()),
@@ -39,4 +47,6 @@ urlpatterns = [
     path("meta/<str:notice_token>/latest/meta-data/spot/instance-action", rentals_api.instance_action),
     path("healthz", healthz),
     *[path(f"api/v1/{p.pattern}", p.callback) for p in api_v1],
+    # The web portal (sign-up, My nodes, Offers, My rentals, staff).
+    path("", include("marketplace.portal_urls")),
 ]

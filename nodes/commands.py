@@ -60,6 +60,10 @@ def ack_command(
             detail=detail[:200],
             interrupted=interrupted,
         )
+        if command.kind == CommandKind.RUN_RENDER:
+            from rentals.render import finish_render_job
+
+            finish_render_job(node=node, job_id=command.payload.get("job_id"), ok=ok, detail=detail, now=now)
         if command.kind == CommandKind.START_WORKER and not ok and command.worker_id:
             # The agent could not start it: free the node for another placement.
             Worker.objects.filter(pk=command.worker_id, status=WorkerStatus.STARTING).update(

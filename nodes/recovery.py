@@ -63,15 +63,15 @@ def drain_disabled_nodes(*, now: datetime | None = None) -> int:
 
 def place_missing_workers(*, now: datetime | None = None) -> int:
     """An enabled, online, idle node missing its worker goes through R3."""
-    from rentals.models import OPEN_RENTAL_STATUSES, Rental
+    from rentals.selectors import rented_q
 
     now = now or timezone.now()
     online_since = now - timedelta(seconds=settings.NODE_OFFLINE_S)
     live = Worker.objects.filter(node=OuterRef("pk"), status__in=LIVE_WORKER_STATUSES)
-    rented = Rental.objects.filter(node=OuterRef("pk"), status__in=OPEN_RENTAL_STATUSES)
     node_ids = (
         Node.objects.filter(workload_enabled=True, last_seen_at__gte=online_since)
-        .filter(~Exists(live), ~Exists(rented))
+        .filter(~Exists(live))
+        .exclude(rented_q())
         .values_list("pk", flat=True)[:BATCH]
     )
     return sum(1 for node_id in list(node_ids) if place_worker(node_id, now=now) is not None)

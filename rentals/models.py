@@ -58,3 +58,37 @@ class Rental(models.Model):
 
     def __str__(self) -> str:
         return f"rental {self.pk} of node {self.node_id} ({self.status})"
+
+
+class RenderStatus(models.TextChoices):
+    QUEUED = "queued"
+    ASSIGNED = "assigned"  # its node's inference workers are draining first
+    RUNNING = "running"  # run_render sent to the agent
+    DONE = "done"
+    FAILED = "failed"
+
+
+ACTIVE_RENDER_STATUSES = (RenderStatus.ASSIGNED, RenderStatus.RUNNING)
+
+
+class RenderJob(models.Model):
+    """A frame range to render; only ever placed on an on-demand node (R3)."""
+
+    renter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="render_jobs")
+    frames = models.CharField(max_length=200)
+    frame_count = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=RenderStatus.choices, default=RenderStatus.QUEUED)
+    node = models.ForeignKey("nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="render_jobs")
+    created_at = models.DateTimeField(default=timezone.now)
+    assigned_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    detail = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(fields=["created_at"], name="render_queued", condition=Q(status="queued")),
+            models.Index(fields=["node", "status"]),
+        ]

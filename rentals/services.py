@@ -84,9 +84,14 @@ def start_all_waiting_rentals(*, now: datetime | None = None) -> int:
     return started
 
 
-def schedule_rental_reclaims(*, node: Node, reclaim: Reclaim, now: datetime) -> int:
-    """R2: every active rental of a locked node gets reclaim_at = now + notice."""
+def schedule_rental_reclaims(
+    *, node: Node, reclaim: Reclaim, now: datetime, not_before: datetime | None = None
+) -> int:
+    """R2: every active rental of a locked node gets reclaim_at = now + notice, or
+    earlier when a cloud's notice says the machine goes before that (R12)."""
     reclaim_at = now + timedelta(seconds=settings.RENTAL_NOTICE_S)
+    if not_before is not None:
+        reclaim_at = max(min(reclaim_at, not_before - timedelta(seconds=settings.NOTICE_MARGIN_S)), now)
     rentals = list(Rental.objects.select_for_update().filter(node=node, status=RentalStatus.ACTIVE))
     for rental in rentals:
         rental.status = RentalStatus.RECLAIMING
@@ -95,6 +100,21 @@ def schedule_rental_reclaims(*, node: Node, reclaim: Reclaim, now: datetime) -> 
         rental.save(update_fields=["status", "reclaim_at", "reclaim"])
         events.record(
             node_id=node.pk, kind="rental_noticed", reclaim_id=reclaim.pk, at=now, rental_id=rental.pk, reclaim_at=reclaim_at
+        )
+    return len(rentals)
+
+
+def advance_rental_reclaims(*, node: Node, reclaim_at: datetime, now: datetime) -> int:
+    """R12: a cloud's earlier notice brings a locked node's rental reclaims forward, never back."""
+    rentals = list(
+        Rental.objects.select_for_update().filter(node=node, status=RentalStatus.RECLAIMING, reclaim_at__gt=reclaim_at)
+    )
+    for rental in rentals:
+        rental.reclaim_at = reclaim_at
+        rental.save(update_fields=["reclaim_at"])
+        events.record(
+            node_id=node.pk, kind="rental_reclaim_advanced", reclaim_id=rental.reclaim_id, at=now,
+            rental_id=rental.pk, reclaim_at=reclaim_at,
         )
     return len(rentals)
 
@@ -139,6 +159,10 @@ def end_rental(
         if rental.reclaim_id:
             maybe_finish_reclaim(reclaim_id=rental.reclaim_id, now=now)
         place_worker(node, now=now)
+        # R11: the node's and provider's scores move as soon as this commits.
+        from reputation.tasks import rescore_node_task
+
+        transaction.on_commit(lambda: rescore_node_task.delay(node_id))
     return rental
 
 
