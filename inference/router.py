@@ -24,6 +24,7 @@ import aiohttp
 from django.conf import settings
 
 from inference.keys import KeyCache, hash_key
+from marketplace import metrics
 from inference.models import Outcome
 from inference.store import Store, make_store
 from nodes.slots import Admission
@@ -280,13 +281,18 @@ class Router:
             "request_id": request_id, "api_key_id": key_id, "model": name, "stream": stream, "attempts": 0,
             "created_at": datetime.now(UTC),
         }
+        record["started"] = started
         try:
             await self._serve(scope, receive, send, request_id, payload, raw, model, stream, requested, cap, record)
         finally:
+            record.pop("started", None)
             record["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
             if record.get("ttft_ms") is not None:
                 record["ttft_ms"] = round((record["ttft_ms"] - started) * 1000, 3)
             self.log_buffer.append(record)
+            metrics.ROUTER_REQUESTS.labels(record.get("outcome", "rejected")).inc()
+            if record.get("added_s") is not None:
+                metrics.ROUTER_ADDED_LATENCY.observe(record.pop("added_s"))
 
     async def _serve(
         self, scope: Scope, receive: Any, send: Any, request_id: str, payload: dict[str, Any], raw: bytes,
@@ -345,6 +351,10 @@ class Router:
             value = _header(scope, name)
             if value is not None and settings.ROUTER_PASS_SIM_HEADERS:
                 headers[name.decode()] = value
+        if record.get("added_s") is None:
+            # What the router adds before the worker sees the request: body
+            # parsing, authentication, admission, the spot cap.
+            record["added_s"] = time.monotonic() - record["started"]
         try:
             response = await self.session.post(url, data=body, headers=headers)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):

@@ -1,18 +1,15 @@
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from inference import api as inference_api
+from marketplace import health
 from marketplace.api import AuthTokenView
+from marketplace.metrics import metrics_view
 from nodes import api as nodes_api
 from rentals import api as rentals_api
 from rentals import render_api
 from reputation import api as reputation_api
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"ok": True})
 
 
 api_v1 = [
@@ -45,7 +42,9 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("meta/<str:notice_token>/latest/meta-data/spot/instance-action", rentals_api.instance_action),
-    path("healthz", healthz),
+    path("healthz", health.healthz),
+    path("readyz", health.readyz),
+    path("metrics", metrics_view),
     *[path(f"api/v1/{p.pattern}", p.callback) for p in api_v1],
     # The web portal (sign-up, My nodes, Offers, My rentals, staff).
     path("", include("marketplace.portal_urls")),

@@ -12,13 +12,13 @@ import json
 import logging
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 
 from marketplace import pg
-from nodes.heartbeats import PG_HEARTBEAT_SQL, heartbeat_params, heartbeat_reply
+from nodes.heartbeats import PG_HEARTBEAT_SQL, count_heartbeat, heartbeat_params, heartbeat_reply
 from nodes.tokens import hash_token
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ class AgentFastPath:
             rows = await cur.fetchall()
         reply = heartbeat_reply(rows, workers)
         if reply is not None:
+            previous = next(row[3] for row in rows if row[0] == "node")
+            count_heartbeat(previous, datetime.now(UTC))
             for w in reply["workers"]:
                 w["expires_at"] = _iso(w["expires_at"])
         return reply

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace import metrics
 from marketplace.errors import NotFound, UnknownModel, WorkerNotOnNode
 from nodes import events
 from nodes.commands import pending_commands
@@ -80,10 +81,18 @@ def hello(
     }
 
 
+def count_heartbeat(previous: datetime | None, now: datetime) -> None:
+    """R15: heartbeats received, and those that came late (more than two intervals apart)."""
+    metrics.HEARTBEATS.inc()
+    if previous is not None and (now - previous).total_seconds() > 2 * settings.HEARTBEAT_INTERVAL_S:
+        metrics.HEARTBEATS_LATE.inc()
+
+
 def heartbeat(
     *, node: Node, workers: list[dict[str, Any]], now: datetime | None = None
 ) -> dict[str, Any]:
     now = now or timezone.now()
+    count_heartbeat(node.last_seen_at, now)
     reported = {str(w["id"]): w for w in workers}
     Node.objects.filter(pk=node.pk).update(last_seen_at=now)
     known = {
@@ -225,6 +234,8 @@ def mark_worker_lost(*, worker_id: Any, now: datetime) -> bool:
 PG_HEARTBEAT_SQL = """
 WITH req AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(ready)s::bool[]) AS r(id, ready)
+), previous AS (
+    SELECT last_seen_at FROM nodes_node WHERE id = %(node)s
 ), foreign_worker AS (
     SELECT 1 FROM nodes_worker w JOIN req ON req.id = w.id WHERE w.node_id <> %(node)s LIMIT 1
 ), seen AS (
@@ -251,7 +262,7 @@ WITH req AS (
 SELECT 'worker', id::text, status, expires_at, NULL, NULL FROM touched
 UNION ALL SELECT 'worker', id::text, status, NULL, NULL, NULL FROM settled
 UNION ALL SELECT 'command', id::text, kind, created_at, payload::text, NULL FROM delivered
-UNION ALL SELECT 'node', id::text, NULL, NULL, NULL, NULL FROM seen
+UNION ALL SELECT 'node', seen.id::text, NULL, previous.last_seen_at, NULL, NULL FROM seen, previous
 UNION ALL SELECT 'foreign', NULL, NULL, NULL, NULL, NULL FROM foreign_worker
 """
 
