@@ -18,11 +18,17 @@ migrate: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_demo
 
-# Starts web (uvicorn), Celery worker and Celery beat from the Procfile.
-# With nothing set: SQLite under var/ and a filesystem broker, no server needed.
+# Starts web (uvicorn), Celery worker and beat, and the demo fleet (agents and
+# traffic) from the Procfile. With nothing set: SQLite under var/ and a
+# filesystem broker, no server needed. Ctrl-C stops every process.
 run: migrate
-	@echo "==> Marketplace on http://127.0.0.1:$${PORT:-8000}/  (API docs: /api/docs/, admin: /admin/)"
-	$(BIN)/honcho start -f Procfile
+	@rm -rf $${VAR_DIR:-var}/prometheus && mkdir -p $${VAR_DIR:-var}/prometheus
+	@echo ""
+	@echo "==> Marketplace on http://127.0.0.1:$${MARKETPLACE_PORT:-8000}/   (API docs /api/docs/, admin /admin/, metrics /metrics)"
+	@echo "    Try: log in as owner / owner-pass-123, open My nodes, Pause spot-node-1 and watch it drain;"
+	@echo "         log in as renter / renter-pass-123 to rent a node and read its reclaim notice."
+	@echo ""
+	PROMETHEUS_MULTIPROC_DIR=$${VAR_DIR:-var}/prometheus $(BIN)/honcho start -f Procfile
 
 test: install
 	@eval "$$(scripts/test-env.sh)"; \

@@ -34,7 +34,9 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 # Env for every process a benchmark starts: production-like request handling
 # (no per-query debug capture) and router leases that never expire on their
 # own (the benchmarks hold slots on purpose, longer than ROUTER_EXPIRY_S).
-CHILD_ENV = {"DEBUG": "false", "ROUTER_EXPIRY_S": "3600", "LOG_LEVEL": "WARNING"}
+# Production-like processes (DEBUG=false needs a real SECRET_KEY; this one only ever meets bench data).
+BENCH_SECRET_KEY = "bench-only-secret-key-0123456789abcdefghijklmnopqrstuvwxyz-ABCDEFG"
+CHILD_ENV = {"DEBUG": "false", "SECRET_KEY": BENCH_SECRET_KEY, "ROUTER_EXPIRY_S": "3600", "LOG_LEVEL": "WARNING"}
 
 
 def log_dir(name: str) -> Path:
@@ -75,6 +77,7 @@ def setup_django() -> None:
     os.environ["CELERY_BROKER_URL"] = bench_broker_url()
     os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
     os.environ.setdefault("DEBUG", "false")
+    os.environ.setdefault("SECRET_KEY", BENCH_SECRET_KEY)
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ.pop("CELERY_TASK_ALWAYS_EAGER", None)
     # DEBUG=false and no collectstatic: WhiteNoise warns about a missing STATIC_ROOT it never needs here.

@@ -12,7 +12,7 @@ import time
 import traceback
 from datetime import UTC, datetime
 
-BENCHMARKS = ["heartbeats", "drain_reaction", "deadline", "reputation", "router"]
+BENCHMARKS = ["heartbeats", "drain_reaction", "deadline", "reputation", "router", "demo_start", "pages", "preemption"]
 
 
 def main(argv: list[str]) -> int:

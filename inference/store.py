@@ -70,11 +70,16 @@ class PgStore:
             return await cur.fetchone()
 
     async def admit(self, *, model_id: int, router: str, request_id: str, exclude: list[str], prefer_on_demand: bool) -> Admission | None:
-        row = await self._one(
-            slots.PG_ADMIT_SQL,
-            {"model_id": model_id, "router": router, "request_id": request_id, "exclude": exclude, "prefer_on_demand": prefer_on_demand},
-        )
-        return Admission(*row) if row else None
+        params = {"model_id": model_id, "router": router, "request_id": request_id, "exclude": exclude, "prefer_on_demand": prefer_on_demand}
+        # The statement picks one candidate from its snapshot; when a drain commits
+        # while it waits for that worker's lock, the re-check drops it and nothing
+        # comes back although another worker may be free. A fresh statement sees
+        # the drain and picks another, so only repeated misses mean "no capacity".
+        for _ in range(3):
+            row = await self._one(slots.PG_ADMIT_SQL, params)
+            if row:
+                return Admission(*row)
+        return None
 
     async def release_many(self, admissions: list[Admission]) -> None:
         # The release loop has a connection of its own, so admissions crowding

@@ -7,6 +7,7 @@ from marketplace import health
 from marketplace.api import AuthTokenView
 from marketplace.metrics import metrics_view
 from nodes import api as nodes_api
+from preemption import api as preemption_api
 from rentals import api as rentals_api
 from rentals import render_api
 from reputation import api as reputation_api
@@ -35,6 +36,7 @@ api_v1 = [
     path("agent/heartbeat", nodes_api.AgentHeartbeatView.as_view()),
     path("agent/workers", nodes_api.AgentWorkersView.as_view()),
     path("agent/commands/<uuid:command_id>/ack", nodes_api.AgentCommandAckView.as_view()),
+    *preemption_api.api_v1_paths,  # the cloud webhooks, agent/notices, pools, economics
 ]
 
 urlpatterns = [
@@ -46,6 +48,7 @@ urlpatterns = [
     path("readyz", health.readyz),
     path("metrics", metrics_view),
     *[path(f"api/v1/{p.pattern}", p.callback) for p in api_v1],
+    path("insights/", include("preemption.urls")),
     # The web portal (sign-up, My nodes, Offers, My rentals, staff).
     path("", include("marketplace.portal_urls")),
 ]

@@ -198,3 +198,58 @@ def maybe_finish_reclaim(*, reclaim_id: int, now: datetime | None = None) -> boo
         return False
     events.record(node_id=reclaim.node_id, kind="reclaim_finished", reclaim_id=reclaim_id, at=now)
     return True
+
+
+def _later_than(*, node: Node, not_before: datetime, now: datetime) -> tuple[datetime, datetime, Any, Any]:
+    """The drain and rental deadlines a notice allows, and the node's open drains/workers set later."""
+    deadline = drain_deadline(now, not_before)
+    rental_deadline = max(
+        min(now + timedelta(seconds=settings.RENTAL_NOTICE_S), not_before - timedelta(seconds=settings.NOTICE_MARGIN_S)),
+        now,
+    )
+    reclaims = Reclaim.objects.filter(node=node, finished_at__isnull=True, deadline__gt=deadline)
+    workers = Worker.objects.filter(node=node, status=WorkerStatus.DRAINING, drain_deadline__gt=deadline)
+    return deadline, rental_deadline, reclaims, workers
+
+
+def has_later_deadlines(*, node: Node, not_before: datetime, now: datetime | None = None) -> bool:
+    """Whether a notice with this not_before would bring anything of a reclaimed node forward."""
+    from rentals.selectors import node_reclaims_later_than
+
+    now = now or timezone.now()
+    _, rental_deadline, reclaims, workers = _later_than(node=node, not_before=not_before, now=now)
+    return reclaims.exists() or workers.exists() or node_reclaims_later_than(node_id=node.pk, at=rental_deadline)
+
+
+def advance_drain_deadlines(*, node: Node, not_before: datetime, now: datetime | None = None) -> int:
+    """R12: a later notice with an earlier not_before brings a locked node's open drains
+    (reclaims, draining workers, rental reclaims) forward, never back. Returns how many moved."""
+    from rentals.services import advance_rental_reclaims
+
+    now = now or timezone.now()
+    deadline, rental_deadline, reclaims, workers = _later_than(node=node, not_before=not_before, now=now)
+    moved_reclaims = list(reclaims.values_list("pk", flat=True))
+    if moved_reclaims:
+        Reclaim.objects.filter(pk__in=moved_reclaims, deadline__gt=deadline).update(deadline=deadline)
+    moved_workers = 0
+    for worker in workers.select_for_update().order_by("pk"):
+        if Worker.objects.filter(pk=worker.pk, status=WorkerStatus.DRAINING, drain_deadline__gt=deadline).update(
+            drain_deadline=deadline
+        ):
+            moved_workers += 1
+            _enqueue_finish(worker.pk, at=deadline)
+    moved_rentals = advance_rental_reclaims(node=node, reclaim_at=rental_deadline, now=now)
+    moved = len(moved_reclaims) + moved_workers + moved_rentals
+    if moved:
+        events.record(
+            node_id=node.pk,
+            kind="drain_deadline_advanced",
+            reclaim_id=moved_reclaims[0] if moved_reclaims else None,
+            at=now,
+            deadline=deadline,
+            not_before=not_before,
+            reclaims=len(moved_reclaims),
+            workers=moved_workers,
+            rentals=moved_rentals,
+        )
+    return moved

@@ -34,6 +34,8 @@ class Node(models.Model):
     agent_token_hash = models.CharField(max_length=64, unique=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # A cloud's rebalance recommendation: placement puts no new work here until then.
+    at_risk_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
@@ -195,6 +197,8 @@ class Reclaim(models.Model):
         indexes = [
             models.Index(fields=["node", "started_at"]),
             models.Index(fields=["deadline"], name="reclaim_open", condition=Q(finished_at__isnull=True)),
+            # Placement's "was this pool preempted in the last few minutes?"
+            models.Index(fields=["started_at"], name="reclaim_preemption", condition=Q(trigger="preemption")),
         ]
 
     @property

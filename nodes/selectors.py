@@ -60,6 +60,7 @@ def offers(*, viewer=None, now: datetime | None = None) -> QuerySet[Node]:
 # The pages show what the services did; nothing here changes a row. Every list
 # helper keeps the page's query count independent of the number of nodes.
 
+import hashlib  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from django.db.models import Count, OuterRef, Sum  # noqa: E402
@@ -113,6 +114,24 @@ class NodeSummary:
         # reclaim_at: until then the row refreshes itself, afterwards it rests.
         return self.state == NodeState.DRAINING or self.rental_reclaim_at is not None
 
+    @property
+    def poll_every(self) -> str:
+        """htmx's interval: a drain's in-flight count changes by the second; a rental
+        reclaim only ends at reclaim_at (the countdown ticks in the browser)."""
+        return "1s" if self.state == NodeState.DRAINING else "5s"
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the row would; a poll that sends the current one gets no body back."""
+        node = self.node
+        seen = (
+            self.state, self.draining_in_flight, self.drain_deadline, self.rental_reclaim_at,
+            [(w.id, w.status, w.in_flight, w.max_slots) for w in self.workers],
+            node.name, node.is_spot, node.workload_enabled, node.rented, node.price_per_hour,
+            node.cloud, node.instance_type, node.zone, node.gpu_model,
+        )
+        return hashlib.blake2b(repr(seen).encode(), digest_size=8).hexdigest()
+
 
 def node_summary(node: Node, now: datetime | None = None) -> NodeSummary:
     """Summarise a node loaded through with_state / portal_nodes (no further queries)."""
@@ -147,6 +166,13 @@ class PausePreview:
     drain_deadline: datetime
     rentals: int
     rental_reclaim_at: datetime
+    notice_s: float
+
+    @property
+    def notice_words(self) -> str:
+        """The notice a rental gets, as the owner reads it: "two minutes'" by default."""
+        words = {60: "one minute's", 120: "two minutes'", 180: "three minutes'"}
+        return words.get(round(self.notice_s), f"{round(self.notice_s)} seconds'")
 
 
 def pause_preview(*, node: Node, now: datetime | None = None) -> PausePreview:
@@ -164,6 +190,7 @@ def pause_preview(*, node: Node, now: datetime | None = None) -> PausePreview:
         drain_deadline=drain_deadline(now),
         rentals=Rental.objects.filter(node=node, status=RentalStatus.ACTIVE).count(),
         rental_reclaim_at=now + timedelta(seconds=settings.RENTAL_NOTICE_S),
+        notice_s=settings.RENTAL_NOTICE_S,
     )
 
 
@@ -247,3 +274,25 @@ def in_flight_series(reclaims: list[Reclaim], *, points: int = 12, now: datetime
             for i in range(points)
         ]
     return series
+
+
+def offer_gpu_models() -> list[str]:
+    """GPU models of enabled nodes, for the offers filter: a cheap superset of the offers' own."""
+    return list(
+        Node.objects.filter(workload_enabled=True)
+        .exclude(gpu_model="")
+        .order_by("gpu_model")
+        .values_list("gpu_model", flat=True)
+        .distinct()
+    )
+
+
+def offer_rows(queryset: QuerySet[Node], ids: list[int]) -> list[Node]:
+    """The rows of one page of offers, in the page's order.
+
+    A page is paginated as ids first (the sort needs every offer, but not their
+    per-node annotations such as reliability); only its 50 rows are then read
+    in full, by primary key, through the same queryset.
+    """
+    by_id = {node.pk: node for node in queryset.filter(pk__in=ids)}
+    return [by_id[pk] for pk in ids if pk in by_id]

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from marketplace.errors import NodeRented, NotSpot
 from nodes import events
-from nodes.drain import maybe_finish_reclaim, start_node_drain
+from nodes.drain import advance_drain_deadlines, maybe_finish_reclaim, start_node_drain
 from nodes.models import Node, Reclaim, ReclaimTrigger
 from nodes.placement import place_worker
 from nodes.tokens import hash_token, new_agent_token
@@ -22,6 +22,14 @@ def create_node(*, provider: AbstractBaseUser, **fields: Any) -> tuple[Node, str
     node = Node.objects.create(provider=provider, agent_token_hash=hash_token(token), **fields)
     events.record(node_id=node.pk, kind="node_created")
     return node, token
+
+
+def rotate_agent_token(*, node: Node) -> str:
+    """A new agent token for the node (the old one stops working at once); shown once."""
+    token = new_agent_token()
+    Node.objects.filter(pk=node.pk).update(agent_token_hash=hash_token(token))
+    events.record(node_id=node.pk, kind="agent_token_rotated")
+    return token
 
 
 def update_node(*, node: Node, name: str | None = None, price_per_hour: Decimal | None = None) -> Node:
@@ -66,7 +74,11 @@ def reclaim_node(
     not_before: datetime | None = None,
     require_spot: bool = False,
 ) -> tuple[Node, Reclaim | None]:
-    """The one reclaim path, for a Pause and for a cloud's notice alike. Idempotent."""
+    """The one reclaim path, for a Pause and for a cloud's notice alike. Idempotent.
+
+    On a node already reclaimed, a notice's `not_before` can only bring the open
+    drains forward (the earliest deadline wins, R12); nothing else changes.
+    """
     from rentals.services import schedule_rental_reclaims
 
     now = now or timezone.now()
@@ -75,12 +87,19 @@ def reclaim_node(
         if require_spot and not node.is_spot:
             raise NotSpot()
         if not node.workload_enabled:
+            if not_before is not None:
+                advance_drain_deadlines(node=node, not_before=not_before, now=now)
             return node, latest_reclaim(node)
         node.workload_enabled = False
         node.save(update_fields=["workload_enabled"])
         reclaim = start_node_drain(node=node, trigger=trigger, now=now, not_before=not_before)
-        reclaim.rentals_noticed = schedule_rental_reclaims(node=node, reclaim=reclaim, now=now)
+        reclaim.rentals_noticed = schedule_rental_reclaims(node=node, reclaim=reclaim, now=now, not_before=not_before)
         reclaim.save(update_fields=["rentals_noticed"])
+        if not_before is not None and (
+            Reclaim.objects.filter(node=node, finished_at__isnull=True).exclude(pk=reclaim.pk).exists()
+        ):
+            # Workers still draining for an earlier reason (a rental's start) must stop in time too.
+            advance_drain_deadlines(node=node, not_before=not_before, now=now)
         events.record(node_id=node.pk, kind="workload_disabled", reclaim_id=reclaim.pk, at=now, trigger=trigger)
         maybe_finish_reclaim(reclaim_id=reclaim.pk, now=now)
     return node, reclaim
@@ -118,3 +137,20 @@ def latest_reclaim(node: Node) -> Reclaim | None:
         .order_by("-started_at", "-id")
         .first()
     )
+
+
+def mark_node_at_risk(*, node_id: int, until: datetime, now: datetime | None = None) -> bool:
+    """A cloud's rebalance recommendation: no new work is placed on the node until `until`.
+
+    The mark clears by itself when the time passes. A node already marked keeps
+    its first mark (a repeated signal changes nothing). True if it marked the node.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.at_risk_until is not None and node.at_risk_until > now:
+            return False
+        node.at_risk_until = until
+        node.save(update_fields=["at_risk_until"])
+        events.record(node_id=node.pk, kind="marked_at_risk", at=now, until=until)
+    return True

@@ -4,6 +4,8 @@ The same services as the API (rentals.services.start_rental / end_rental); a
 refusal (NodeUnavailable, RentalEnded) is a message and a 409.
 """
 
+import hashlib
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -12,8 +14,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from marketplace.errors import DomainError
-from marketplace.portal import domain_error, paginate
-from nodes.selectors import offers
+from marketplace.portal import domain_error, paginate, paginate_ids
+from nodes.selectors import offer_gpu_models, offer_rows, offers
 from rentals import services
 from rentals.forms import OfferFilterForm, RentForm
 from rentals.models import EndReason
@@ -27,11 +29,10 @@ def notice_url(request: HttpRequest, notice_token: str) -> str:
 
 
 def offers_context(request: HttpRequest) -> dict:
-    rentable = offers(viewer=request.user)
-    gpu_models = list(rentable.order_by().exclude(gpu_model="").values_list("gpu_model", flat=True).distinct().order_by("gpu_model"))
-    form = OfferFilterForm(request.GET or None, gpu_models=gpu_models)
-    page = paginate(request, form.apply(rentable))
-    return {"form": form, "page": page}
+    form = OfferFilterForm(request.GET or None, gpu_models=offer_gpu_models())
+    rentable = form.apply(offers(viewer=request.user))
+    page = paginate_ids(request, rentable)
+    return {"form": form, "page": page, "offers": offer_rows(rentable, list(page.object_list))}
 
 
 @login_required
@@ -58,8 +59,14 @@ def rent(request: HttpRequest, node_id: int) -> HttpResponse:
     return redirect(reverse("rental-detail", args=[rental.pk]))
 
 
+def fingerprint(rental) -> str:
+    """Changes whenever the status part would; a poll that sends the current one gets a 204."""
+    seen = f"{rental.status}|{rental.reclaim_at}|{rental.ended_at}|{rental.end_reason}"
+    return hashlib.blake2b(seen.encode(), digest_size=8).hexdigest()
+
+
 def status_context(request: HttpRequest, rental) -> dict:
-    return {"rental": rental, "notice_url": notice_url(request, rental.notice_token)}
+    return {"rental": rental, "notice_url": notice_url(request, rental.notice_token), "fingerprint": fingerprint(rental)}
 
 
 @login_required
@@ -78,6 +85,8 @@ def rental_detail(request: HttpRequest, rental_id: int) -> HttpResponse:
     rental = get_object_or_404(renter_rentals(renter=request.user), pk=rental_id)
     context = status_context(request, rental)
     if request.htmx:
+        if request.GET.get("seen") == context["fingerprint"]:
+            return HttpResponse(status=204)  # unchanged: htmx swaps nothing
         return render(request, "rentals/_rental_status.html", context)
     return render(request, "rentals/detail.html", context)
 

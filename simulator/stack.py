@@ -12,6 +12,10 @@ through their environment (DATABASE_URL, CELERY_BROKER_URL, the overrides), so
 the driver talks to them the way clients do: over HTTP, plus a plain psycopg
 connection (`Stack.db()`) for set-up and assertions the API does not offer.
 
+More children when a test needs them: `start_web(env)` (another web process with
+settings of its own, on another port), `start_process` (model servers, ...);
+`kill_process` SIGKILLs one group at once, a crash rather than a stop.
+
 Every child runs in its own session (so its own process group): stopping a
 child SIGTERMs the whole group, which also reaches what it forked (uvicorn's
 workers, Celery's pool, the agent's model servers), then SIGKILLs what is left
@@ -132,6 +136,14 @@ class Proc:
         except FileNotFoundError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class WebProc:
+    """An extra web process of the stack (`Stack.start_web`) and its base URL."""
+
+    proc: Proc
+    url: str
 
 
 def pid_alive(pid: int) -> bool:
@@ -359,13 +371,15 @@ class Stack:
                 raise StackError(f"{proc.name} exited with code {proc.popen.returncode}\n{self.diagnostics()}")
         return True
 
-    def _spawn(self, name: str, argv: list[str], *, registry: list[Proc] | None = None) -> Proc:
+    def _spawn(
+        self, name: str, argv: list[str], *, registry: list[Proc] | None = None, env: Mapping[str, str] | None = None
+    ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in _stop_proc
         popen = subprocess.Popen(
             argv,
             cwd=ROOT,
-            env=self.env,
+            env=self.env if env is None else dict(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -387,6 +401,86 @@ class Stack:
     def stop_agent(self, agent: Proc) -> list[int]:
         """Stops one agent and its model servers; returns the pids that had to be SIGKILLed."""
         return self._stop_procs([agent])
+
+    # --- extra processes: more web processes, model servers, a crash on purpose ----
+
+    def start_process(self, name: str, argv: list[str], *, env: Mapping[str, Any] | None = None) -> Proc:
+        """Any child in its own process group, with the stack's environment plus `env`.
+
+        It is one of `procs` (under `name`, or `name-2`, ... if taken), so `stop()`
+        ends it with the rest; `stop_process` or `kill_process` end it alone.
+        """
+        unique, n = name, 2
+        while unique in self.procs:
+            unique, n = f"{name}-{n}", n + 1
+        child_env = self.env
+        child_env.update({k: str(v) for k, v in (env or {}).items()})
+        return self._spawn(unique, argv, env=child_env)
+
+    def start_web(self, env: Mapping[str, Any] | None = None, *, name: str = "web-extra") -> WebProc:
+        """Another web process (its own uvicorn, on a free port) on the stack's database and broker.
+
+        `env` overrides settings for this process alone, e.g. a shorter DRAIN_CEILING_S
+        for the pauses it handles, or smaller pools. Waits for its /healthz.
+        """
+        port = free_port(self.host)
+        proc = self.start_process(
+            name,
+            [
+                sys.executable, "-m", "uvicorn", "marketplace.asgi:application",
+                "--host", self.host, "--port", str(port), "--workers", "1",
+                "--no-access-log", "--log-level", "warning", "--timeout-graceful-shutdown", "3",
+            ],
+            env=env,
+        )
+        web = WebProc(proc, f"http://{self.host}:{port}")
+
+        def healthy() -> bool:
+            if not proc.alive():
+                raise StackError(f"{proc.name} exited with code {proc.popen.returncode}\n{proc.log_tail()}")
+            try:
+                return httpx.get(f"{web.url}/healthz", timeout=1.0, trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until(healthy, self.start_timeout_s, f"{proc.name} to answer /healthz", on_timeout=proc.log_tail)
+        except BaseException:
+            self.stop_process(proc)
+            raise
+        return web
+
+    def stop_process(self, *procs: Proc) -> list[int]:
+        """SIGTERM these process groups together, SIGKILL after the timeout; returns the pids that survived."""
+        survivors = self._stop_procs(list(procs))
+        for proc in procs:
+            self._forget(proc)
+        return survivors
+
+    def kill_process(self, proc: Proc) -> None:
+        """SIGKILL one process group at once (a crash, no graceful shutdown) and wait until it is gone."""
+        _signal_group(proc.pid, signal.SIGKILL)
+        try:
+            proc.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        end = time.monotonic() + 5
+        while group_members(proc.pid) and time.monotonic() < end:
+            time.sleep(0.02)
+        survivors = group_members(proc.pid)
+        if proc._log is not None:
+            proc._log.close()
+            proc._log = None
+        self._forget(proc)
+        if survivors:
+            raise StackError(f"processes of {proc.name} survived SIGKILL: {survivors}")
+
+    def _forget(self, proc: Proc) -> None:
+        for key, known in list(self.procs.items()):
+            if known is proc:
+                del self.procs[key]
+        if proc in self.agents:
+            self.agents.remove(proc)
 
     def stop(self) -> None:
         """SIGTERM every process group, SIGKILL what is left after the timeout, verify none survives."""
@@ -448,10 +542,13 @@ class Stack:
             raise StackError(f"manage.py {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result
 
-    def api(self, token: str | None = None, *, scheme: str = "Token", timeout: float = 10.0) -> httpx.Client:
-        """An HTTP client on the stack's URL; `token` as a user's `Token` or, with scheme="Bearer", an agent's."""
+    def api(
+        self, token: str | None = None, *, scheme: str = "Token", timeout: float = 10.0, url: str | None = None
+    ) -> httpx.Client:
+        """An HTTP client on the stack's URL (or `url`, another web process's); `token` as a
+        user's `Token` or, with scheme="Bearer", an agent's."""
         headers = {"Authorization": f"{scheme} {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout, trust_env=False)
+        return httpx.Client(base_url=url or self.url, headers=headers, timeout=timeout, trust_env=False)
 
     def db(self) -> psycopg.Connection[Any]:
         """A psycopg connection to the stack's database (autocommit), for set-up and assertions."""

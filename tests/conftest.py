@@ -24,11 +24,13 @@ def _close_db_pools(django_db_setup, django_db_blocker):
     yield
     from django.db import connections
 
+    default = connections["default"]
+    if not str(default.settings_dict["NAME"]).startswith("test_"):
+        return  # no test database was set up (e.g. only process-level tests ran): nothing of ours to close
     with django_db_blocker.unblock():
         for conn in connections.all():
             if getattr(conn, "pool", None) is not None:
                 conn.close_pool()
-        default = connections["default"]
         if default.vendor == "postgresql":
             # Threads of the router tests may still hold sessions: end them, or
             # the test database cannot be dropped.
