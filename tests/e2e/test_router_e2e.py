@@ -19,7 +19,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -474,3 +474,73 @@ def test_r4_a_worker_refusing_connections_is_failed_over_without_the_client_noti
     r.wait(lambda: not r.slots([dead, live]), 5, "every slot to be released")
     assert [w["in_flight"] for w in r.workers([dead, live]).values()] == [0, 0]
     print(f"\nfailover: {len(failed_over)} of 20 requests tried the dead worker first")
+
+
+# --- R15: the production profile with two web processes ----------------------------------
+
+
+def scrape(url: str) -> dict[str, float]:
+    import httpx
+
+    values = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_r15_two_web_processes_one_pause_stops_both_and_metrics_add_up(r: RouterE2E) -> None:
+    model = r.served_model("two-web")
+    servers = [r.model_server(model, tokens_per_s=20) for _ in range(2)]  # 30 tokens: 1.5 s
+    node_a, node_b = r.node("two-web-a"), r.node("two-web-b")
+    worker_a = r.register_worker(node_a, model, servers[0].endpoint, max_slots=100)
+    worker_b = r.register_worker(node_b, model, servers[1].endpoint, max_slots=100)
+    second = r.start_web({})
+    r.wait_model_listed(model, second.url)
+    r.wait_model_listed(model)
+    urls = [r.stack.url, second.url]
+    before = [scrape(url) for url in urls]
+    n_each = 30
+
+    async def scenario() -> tuple[list[StreamResult], datetime]:
+        async with r.client(urls[0]) as first_client, r.client(urls[1]) as second_client:
+            clients = [first_client, second_client]
+            early = [
+                asyncio.create_task(r.stream_chat(clients[i % 2], model, max_tokens=30, request_id=f"two-web-{i:03d}"))
+                for i in range(n_each)
+            ]
+            await asyncio.to_thread(r.wait, lambda: r.sql("SELECT 1 FROM nodes_slot WHERE worker_id = %s::uuid", (worker_a,)), 10, "a request on A")
+            watch = r.drain_watch([worker_a]).start()
+            await asyncio.to_thread(r.pause, node_a["id"], second.url)  # the pause goes to the second process
+            seen_at = await asyncio.to_thread(watch.join)
+            late = [
+                asyncio.create_task(r.stream_chat(clients[i % 2], model, max_tokens=30, request_id=f"two-web-{n_each + i:03d}"))
+                for i in range(n_each)
+            ]
+            return await asyncio.gather(*early, *late), seen_at
+
+    results, seen_at = asyncio.run(scenario())
+    assert all(res.status == 200 and res.done for res in results), [res.describe() for res in results if not res.done][:3]
+    rows = r.wait_log_rows(model, 2 * n_each)
+    assert {res.request_id for res in results} == {row["request_id"] for row in rows}
+    # The pause, sent to one process, stopped admissions to A in both.
+    late_on_a = [row for row in rows if str(row["worker_id"]) == worker_a and row["admitted_at"] >= seen_at]
+    assert not late_on_a, late_on_a[:3]
+    # The drain finished once: one reclaim, one stop command, stopped as drained.
+    stopped = r.wait(lambda: (w := r.workers([worker_a])[worker_a])["status"] == "stopped" and w, 15, "A to stop")
+    assert stopped["stop_reason"] == "drained"
+    assert len(r.sql("SELECT id FROM nodes_reclaim WHERE node_id = %s", (node_a["id"],))) == 1
+    assert len(r.sql("SELECT id FROM nodes_command WHERE worker_id = %s::uuid AND kind = 'stop_worker'", (worker_a,))) == 1
+    r.wait(lambda: r.reclaim(node_a["id"], r.sql("SELECT id FROM nodes_reclaim WHERE node_id = %s", (node_a["id"],))[0]["id"])["finished_at"], 10, "the reclaim to finish")
+
+    after = [scrape(url) for url in urls]
+    # Database-backed figures are the same exact totals from either process.
+    for key, moved in (('drains_started_total{trigger="owner_pause"}', 1), ('drains_finished_total{outcome="clean",trigger="owner_pause"}', 1)):
+        for b, a in zip(before, after):
+            assert a.get(key, 0) - b.get(key, 0) == moved, (key, b.get(key), a.get(key))
+    assert after[0]['workers{status="stopped"}'] == after[1]['workers{status="stopped"}']
+    # Per-process counters: each process served its half, and they add up to what was sent.
+    served = [a.get('router_requests_total{outcome="completed"}', 0) - b.get('router_requests_total{outcome="completed"}', 0) for b, a in zip(before, after)]
+    assert served == [n_each, n_each]
+    assert worker_b in {str(row["worker_id"]) for row in rows if row["admitted_at"] >= seen_at}
