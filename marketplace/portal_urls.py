@@ -7,6 +7,7 @@ from inference import views as inference_views
 from marketplace import views
 from nodes import views as node_views
 from rentals import views as rental_views
+from reputation import views as reputation_views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -28,4 +29,6 @@ urlpatterns = [
     path("keys/", inference_views.api_keys, name="api-keys"),
     path("keys/<int:key_id>/revoke/", inference_views.api_key_revoke, name="api-key-revoke"),
     path("staff/", views.staff, name="staff"),
+    path("staff/providers/<int:provider_id>/standing/", reputation_views.change_standing, name="provider-standing"),
+    path("reputation/", reputation_views.my_reputation, name="my-reputation"),
 ]

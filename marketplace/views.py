@@ -48,7 +48,10 @@ def signup(request: HttpRequest) -> HttpResponse:
 def with_scores(queryset, relation: str):
     """The reputation app's scores when it is installed (R11), else an empty column."""
     if apps.is_installed("reputation"):
-        return queryset.annotate(score=F(f"{relation}__score"))
+        queryset = queryset.annotate(score=F(f"{relation}__score"))
+        if relation == "reputation" and queryset.model is get_user_model():
+            queryset = queryset.annotate(standing=F("reputation__standing"))
+        return queryset
     return queryset.annotate(score=Value(None, output_field=FloatField()))
 
 

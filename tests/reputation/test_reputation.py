@@ -175,3 +175,28 @@ def test_r11_staff_delists_and_reinstates_with_reason(owner):
     ]
     listing = api.get("/api/v1/staff/providers").json()
     assert listing[0]["provider"] == owner.pk
+
+
+def test_r11_portal_my_reputation_page_shows_score_and_what_moved_it(owner, renter, client):
+    node, _ = make_node(provider=owner)
+    ended(node, renter, is_spot=False, reason=EndReason.PROVIDER)
+    ended(node, renter, is_spot=True, reason=EndReason.SPOT_RECLAIM)
+    recompute_all()
+    client.force_login(owner)
+    page = client.get("/reputation/").content.decode()
+    assert "Score 0.82" in page and "1 spot rental left out" in page
+    assert "failure" in page and "left out" in page
+
+
+def test_r11_portal_staff_delists_and_reinstates_with_a_reason(owner, client):
+    make_node(provider=owner)  # the staff page lists providers, people with nodes
+    staff = UserFactory(is_staff=True)
+    client.force_login(staff)
+    assert client.post(f"/staff/providers/{owner.pk}/standing/", {"standing": "delisted", "reason": ""}).status_code == 302
+    assert not StandingChange.objects.exists()  # no reason, no change
+    client.post(f"/staff/providers/{owner.pk}/standing/", {"standing": "delisted", "reason": "chargebacks"})
+    assert ProviderReputation.objects.get(provider=owner).standing == Standing.DELISTED
+    assert "Delisted" in client.get("/staff/").content.decode()
+    client.force_login(owner)
+    assert client.post(f"/staff/providers/{owner.pk}/standing/", {"standing": "listed", "reason": "me"}).status_code == 302
+    assert ProviderReputation.objects.get(provider=owner).standing == Standing.DELISTED  # non-staff: refused
