@@ -90,7 +90,9 @@ class Router:
             self.store = self.store or make_store()
             await self.store.start()
             self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True),
+                # Model servers (uvicorn, vLLM) close idle connections after 5 s:
+                # never reuse one idle longer than 3 s, or a healthy worker looks dead.
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True, keepalive_timeout=3),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.ROUTER_CONNECT_TIMEOUT_S),
                 auto_decompress=False,
             )
@@ -130,14 +132,17 @@ class Router:
             await asyncio.sleep(settings.ROUTER_CUT_POLL_S)
             if not self.flights:
                 continue
+            # A flight registered before we ask had its slot committed before the
+            # query's snapshot: missing from the answer means the drain took it.
+            # Flights registered later are left for the next poll.
+            asked = time.monotonic()
             try:
                 alive = await self.store.router_slots(self.instance_id)
             except Exception:
                 log.exception("router_cut_poll_failed")
                 continue
-            settled = time.monotonic() - 0.2
             for slot_id, flight in list(self.flights.items()):
-                if slot_id not in alive and flight.registered < settled and not flight.cut:
+                if slot_id not in alive and flight.registered < asked and not flight.cut:
                     flight.cut = True
                     if flight.response is not None:
                         flight.response.close()

@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connection
 
 from marketplace import pg
+from marketplace.enqueue import enqueue
 from nodes import slots
 from nodes.slots import Admission
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 def _enqueue_finish(worker_id: str) -> None:
     from nodes.tasks import finish_drain_task
 
-    finish_drain_task.delay(worker_id)
+    enqueue(lambda: finish_drain_task.delay(worker_id), "finish_drain")
 
 
 class Store(Protocol):
@@ -87,7 +88,10 @@ class PgStore:
         from psycopg import AsyncConnection
 
         if self.release_conn is None or self.release_conn.closed:
-            self.release_conn = await AsyncConnection.connect(pg.conninfo(), **pg.FAST_CONN_KWARGS)
+            # unnest() makes the planner re-plan the batch statement every time;
+            # the generic plan (primary-key index scans) is right for any batch size.
+            kwargs = dict(pg.FAST_CONN_KWARGS, options=pg.FAST_CONN_KWARGS["options"] + " -c plan_cache_mode=force_generic_plan")
+            self.release_conn = await AsyncConnection.connect(pg.conninfo(), **kwargs)
         try:
             cur = await self.release_conn.execute(
                 slots.PG_RELEASE_MANY_SQL,

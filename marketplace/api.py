@@ -7,10 +7,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace.throttles import LoginRateThrottle
+
 
 class AuthTokenView(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
+    throttle_classes = [LoginRateThrottle]
 
     @extend_schema(request=AuthTokenSerializer, responses=inline_serializer("AuthToken", {"token": serializers.CharField()}))
     def post(self, request: Request) -> Response:

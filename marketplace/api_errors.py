@@ -1,5 +1,6 @@
 """One error shape for /api: {"code", "detail"} plus field errors on 400."""
 
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -26,7 +27,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if getattr(exc, "auth_header", None):
         headers["WWW-Authenticate"] = exc.auth_header
     if getattr(exc, "wait", None):
-        headers["Retry-After"] = str(int(exc.wait))
+        headers["Retry-After"] = str(max(1, math.ceil(exc.wait)))
 
     if isinstance(exc, exceptions.ValidationError):
         body: dict[str, Any] = {"code": "invalid", "detail": "Some fields are invalid; see the field errors."}

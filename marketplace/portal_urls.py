@@ -5,6 +5,7 @@ from django.urls import path
 
 from inference import views as inference_views
 from marketplace import views
+from marketplace.throttles import ThrottledLoginView
 from nodes import views as node_views
 from rentals import views as rental_views
 from reputation import views as reputation_views
@@ -12,7 +13,7 @@ from reputation import views as reputation_views
 urlpatterns = [
     path("", views.home, name="home"),
     path("accounts/signup/", views.signup, name="signup"),
-    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/login/", ThrottledLoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("nodes/", node_views.node_list, name="node-list"),
     path("nodes/new/", node_views.node_create, name="node-create"),

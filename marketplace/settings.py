@@ -139,9 +139,32 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": None,
     "COERCE_DECIMAL_TO_STRING": False,
+    # The client address for per-IP limits: REMOTE_ADDR, or the address this many
+    # proxies back in X-Forwarded-For (never the whole header: a client could vary it).
+    "NUM_PROXIES": env_int("NUM_PROXIES", 0),
 }
 if DEBUG:
     REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
+
+# --- Cache and rate limits ------------------------------------------------------
+# Throttle counters live in the cache: Redis shared by every web process when
+# CACHE_URL (or REDIS_URL) is set, else local memory (per process).
+CACHE_URL = env_str("CACHE_URL", "") or env_str("REDIS_URL", "")
+if CACHE_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "marketplace"}}
+# "<n>/<s|min|hour|day>"; empty turns a limit off. None of them guards a safety rule
+# (README, Operations): the agent heartbeat, which delivers stop commands, has none.
+THROTTLE_LOGIN_RATE = env_str("THROTTLE_LOGIN_RATE", "10/min")  # per client IP and username
+THROTTLE_AGENT_RATE = env_str("THROTTLE_AGENT_RATE", "600/min")  # per agent token: hello, workers, acks, notices
+THROTTLE_WEBHOOK_RATE = env_str("THROTTLE_WEBHOOK_RATE", "6000/min")  # per sender IP, signed requests
+for _name in ("THROTTLE_LOGIN_RATE", "THROTTLE_AGENT_RATE", "THROTTLE_WEBHOOK_RATE"):
+    _rate = globals()[_name]
+    if _rate:
+        _n, _, _period = _rate.partition("/")
+        if not _n.isdigit() or not _period or _period[0] not in "smhd":
+            raise ImproperlyConfigured(f"{_name}={_rate!r}: use <n>/<s|min|hour|day>, or empty for none")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU marketplace API",
@@ -171,6 +194,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# An enqueue after a commit must not hold the request while the broker is away:
+# try briefly, then leave the follow-up to the periodic job that covers it.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- The reclaim promise and its clocks (seconds) -----------------------------
@@ -225,6 +251,8 @@ if PREEMPTION_MODE not in ("off", "shadow", "prod"):
 PREEMPTION_WEBHOOK_SECRET = env_str("PREEMPTION_WEBHOOK_SECRET", "dev-only-preemption-webhook-secret")
 # A signed timestamp (X-Signature-Timestamp) older or newer than this is refused as a replay.
 PREEMPTION_SIGNATURE_MAX_AGE_S = env_float("PREEMPTION_SIGNATURE_MAX_AGE_S", 300.0)
+# A webhook's or an agent's notice body above this is refused (413) before its signature is checked.
+PREEMPTION_MAX_BODY_BYTES = env_int("PREEMPTION_MAX_BODY_BYTES", 256 * 1024)
 # A rebalance recommendation marks its node at risk this long, unless a terminate comes first.
 PREEMPTION_AT_RISK_S = env_float("PREEMPTION_AT_RISK_S", 1800.0)
 # Placement leaves a capacity pool's spot nodes alone this long after a preemption in it.

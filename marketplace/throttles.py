@@ -14,6 +14,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import views as auth_views
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.forms.utils import ErrorDict
 from django.http import HttpRequest, HttpResponse
 from rest_framework.exceptions import ParseError
 from rest_framework.throttling import SimpleRateThrottle
@@ -78,8 +80,9 @@ class ThrottledLoginView(auth_views.LoginView):
         if not throttle.allow_request(request, self):
             wait = throttle.wait() or 1
             form = self.get_form()
-            form.errors.clear()
-            form.add_error(None, "Too many sign-in attempts. Try again in a minute.")
+            # Set the errors without cleaning the form: cleaning would check the password.
+            form.cleaned_data = {}
+            form._errors = ErrorDict({NON_FIELD_ERRORS: form.error_class(["Too many sign-in attempts. Try again in a minute."])})
             response = self.render_to_response(self.get_context_data(form=form), status=429)
             response["Retry-After"] = str(max(1, math.ceil(wait)))
             return response

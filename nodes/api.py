@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.auth import AgentTokenAuthentication, IsAgent, IsUser
+from marketplace.throttles import AgentRateThrottle
 from nodes import heartbeats, services
 from nodes.commands import ack_command
 from nodes.models import Node, NodeEvent, Reclaim, Worker
@@ -167,6 +168,7 @@ class AckSerializer(serializers.Serializer):
 class AgentView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
+    throttle_classes = [AgentRateThrottle]
 
     def valid(self, serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
         data = serializer_class(data=request.data)
@@ -191,6 +193,9 @@ class AgentHelloView(AgentView):
 
 
 class AgentHeartbeatView(AgentView):
+    # Never limited: every reply carries the stop commands of a drain (README, Operations).
+    throttle_classes: list = []
+
     @extend_schema(
         request=HeartbeatSerializer,
         responses=inline_serializer(

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from marketplace.enqueue import enqueue_on_commit
 from nodes import events
 from nodes.commands import issue_command
 from nodes.models import (
@@ -42,12 +43,12 @@ def _enqueue_finish(worker_id: Any, at: datetime | None = None) -> None:
     from nodes.tasks import finish_drain_task
 
     if at is None:
-        transaction.on_commit(lambda: finish_drain_task.delay(str(worker_id)))
+        enqueue_on_commit(lambda: finish_drain_task.delay(str(worker_id)), "finish_drain")
     else:
         # Due at the deadline (a hair after, so clock skew never makes it early);
         # many deadlines at once spread over the Celery workers, not one tick.
         eta = at + timedelta(milliseconds=50)
-        transaction.on_commit(lambda: finish_drain_task.apply_async(args=[str(worker_id)], eta=eta))
+        enqueue_on_commit(lambda: finish_drain_task.apply_async(args=[str(worker_id)], eta=eta), "finish_drain")
 
 
 def start_node_drain(
@@ -112,7 +113,7 @@ def start_worker_drain(*, worker: Worker, reclaim: Reclaim, now: datetime) -> in
         from nodes.tasks import place_replacement_task
 
         model_id, node_id = worker.model_id, worker.node_id
-        transaction.on_commit(lambda: place_replacement_task.delay(model_id, node_id))
+        enqueue_on_commit(lambda: place_replacement_task.delay(model_id, node_id), "place_replacement")
     return worker.in_flight
 
 

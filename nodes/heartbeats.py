@@ -94,13 +94,14 @@ def heartbeat(
     now = now or timezone.now()
     count_heartbeat(node.last_seen_at, now)
     reported = {str(w["id"]): w for w in workers}
-    Node.objects.filter(pk=node.pk).update(last_seen_at=now)
     known = {
         str(pk): (node_id, status)
         for pk, node_id, status in Worker.objects.filter(pk__in=list(reported)).values_list("pk", "node_id", "status")
     }
     if any(node_id != node.pk for node_id, _ in known.values()):
+        # Refused before anything is written, as PG_HEARTBEAT_SQL does (R14).
         raise WorkerNotOnNode()
+    Node.objects.filter(pk=node.pk).update(last_seen_at=now)
     if known:
         Worker.objects.filter(pk__in=list(known), status__in=LIVE_WORKER_STATUSES).update(expires_at=_expiry(now))
     to_promote = [

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from marketplace.enqueue import enqueue_on_commit
 from nodes.models import RouterInstance, Slot, Worker, WorkerStatus
 
 
@@ -52,7 +53,7 @@ def release_slot(*, slot_id: Any, worker_id: Any) -> bool:
         if status == WorkerStatus.DRAINING and in_flight <= 1:
             from nodes.tasks import finish_drain_task
 
-            transaction.on_commit(lambda: finish_drain_task.delay(str(worker_id)))
+            enqueue_on_commit(lambda: finish_drain_task.delay(str(worker_id)), "finish_drain")
     return True
 
 

@@ -1,6 +1,7 @@
 """Cloud webhooks, the agent's notices, pools and the economics calculator (API.md)."""
 
 import json
+import math
 from typing import Any
 
 from django.urls import path
@@ -14,11 +15,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.auth import AgentTokenAuthentication, IsAgent, IsUser
+from marketplace.throttles import AgentRateThrottle, WebhookRateThrottle
 from preemption import economics, services
 from preemption.adapters import UnparseableNotice
 from preemption.models import Source, Via
 from preemption.selectors import PoolStats, find_pool, pool_stats
-from preemption.signing import WebhookSignatureAuthentication
+from preemption.signing import WebhookSignatureAuthentication, check_size
 
 # --- replies ---------------------------------------------------------------------------
 
@@ -98,6 +100,7 @@ class WebhookView(APIView):
 
     authentication_classes = [WebhookSignatureAuthentication]
     permission_classes = [AllowAny]  # the authentication refuses any request it cannot verify
+    throttle_classes = [WebhookRateThrottle]
     source: str = ""
 
     def post(self, request: Request) -> Response:
@@ -142,9 +145,11 @@ class AgentNoticeSerializer(serializers.Serializer):
 class AgentNoticeView(APIView):
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [IsAgent]
+    throttle_classes = [AgentRateThrottle]
 
     @extend_schema(request=AgentNoticeSerializer, responses={202: NoticeReplySerializer}, tags=["agent"])
     def post(self, request: Request) -> Response:
+        check_size(request)
         data = AgentNoticeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         receipt = services.receive(
@@ -261,6 +266,16 @@ def economics_result(data: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
+
+
 class EconomicsView(APIView):
     permission_classes = [IsUser]
 
@@ -278,7 +293,14 @@ class EconomicsView(APIView):
     def get(self, request: Request) -> Response:
         query = EconomicsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        return Response(EconomicsResultSerializer(economics_result(query.validated_data)).data)
+        result = economics_result(query.validated_data)
+        if not _finite(result):
+            # Valid numbers whose arithmetic overflows (1e308 $/h): JSON has no inf, and this is the input's fault.
+            return Response(
+                {"code": "out_of_range", "detail": "These inputs overflow the calculation; use realistic magnitudes."},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        return Response(EconomicsResultSerializer(result).data)
 
 
 api_v1_paths = [

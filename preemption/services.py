@@ -75,6 +75,16 @@ def policy_for(source: str) -> Policy:
     return Policy(mode=mode or settings.PREEMPTION_MODE, drain_on_rebalance=drain)
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def receive(
     *, source: str, document: Any, via: str = Via.WEBHOOK, node: Node | None = None, now: datetime | None = None
 ) -> Receipt:
@@ -86,6 +96,9 @@ def receive(
         count_receipt(source=source, kind="", mode=Mode.OFF, action=Action.IGNORED)
         return receipt
     try:
+        if _has_nul(document):
+            # No cloud sends one, and PostgreSQL stores none (text, jsonb): refused before the database.
+            raise UnparseableNotice("The document contains a NUL character.")
         if via == Via.AGENT:
             parsed = adapters.parse_agent(
                 source, document, received_at=now, node_id=node.pk, instance_id=node.cloud_instance_id

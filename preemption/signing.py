@@ -8,6 +8,7 @@ header a replay is still harmless: the same notice is the same row (R12).
 
 import hashlib
 import hmac
+import math
 from typing import Any
 
 from django.conf import settings
@@ -48,7 +49,10 @@ def verify(*, body: bytes, signature: str | None, timestamp: str | None) -> None
         try:
             ts = float(timestamp)
         except ValueError:
-            raise BadSignature("X-Signature-Timestamp must be unix seconds.") from None
+            ts = math.nan
+        if not math.isfinite(ts):
+            # "nan" would pass any window check: a MAC over it would never expire.
+            raise BadSignature("X-Signature-Timestamp must be unix seconds.")
         if abs(timezone.now().timestamp() - ts) > settings.PREEMPTION_SIGNATURE_MAX_AGE_S:
             raise BadSignature(
                 f"The signed timestamp is more than {settings.PREEMPTION_SIGNATURE_MAX_AGE_S:g} s from now: "
@@ -61,12 +65,29 @@ def verify(*, body: bytes, signature: str | None, timestamp: str | None) -> None
         raise BadSignature()
 
 
+class BodyTooLarge(exceptions.APIException):
+    status_code = 413
+    default_detail = "The body is larger than PREEMPTION_MAX_BODY_BYTES; no cloud's notice is."
+    default_code = "too_large"
+
+
+def check_size(request: Any) -> None:
+    """Before the HMAC and before any parsing: a cloud's notice is a few KB (EventBridge caps events at 256 KB)."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > settings.PREEMPTION_MAX_BODY_BYTES:
+        raise BodyTooLarge()
+
+
 class WebhookPrincipal(AgentPrincipal):
     """Stands in for request.user on a signed webhook: the sender holds the shared secret."""
 
 
 class WebhookSignatureAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Any) -> tuple[WebhookPrincipal, str]:
+        check_size(request)
         verify(
             body=request.body,
             signature=request.headers.get(SIGNATURE_HEADER),

@@ -1,11 +1,13 @@
 """Renter endpoints and the IMDS-compatible notice endpoint (R13)."""
 
+import math
+
 from django.db.models import Q
 from django.http import Http404, HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -33,16 +35,25 @@ class OfferListView(APIView):
     def get(self, request: Request) -> Response:
         queryset = offers(viewer=request.user)
         params = request.query_params
-        if params.get("gpu_model"):
-            queryset = queryset.filter(gpu_model__iexact=params["gpu_model"])
+        query = OfferQuerySerializer(data={k: params[k] for k in ("gpu_model", "max_price") if params.get(k)})
+        query.is_valid(raise_exception=True)  # a NUL byte or a non-finite price is a 400, not a 500
+        if query.validated_data.get("gpu_model"):
+            queryset = queryset.filter(gpu_model__iexact=query.validated_data["gpu_model"])
         if params.get("is_spot") in ("true", "false"):
             queryset = queryset.filter(is_spot=params["is_spot"] == "true")
-        if params.get("max_price"):
-            try:
-                queryset = queryset.filter(price_per_hour__lte=float(params["max_price"]))
-            except ValueError:
-                return Response({"code": "invalid", "detail": "max_price must be a number.", "max_price": ["A number."]}, status=400)
+        if query.validated_data.get("max_price") is not None:
+            queryset = queryset.filter(price_per_hour__lte=query.validated_data["max_price"])
         return Response(OfferSerializer(queryset[:1000], many=True).data)
+
+
+class OfferQuerySerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(max_length=64, required=False)
+    max_price = serializers.FloatField(required=False, error_messages={"invalid": "A number."})
+
+    def validate_max_price(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("A number.")
+        return value
 
 
 def visible_rentals(user):

@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.enqueue import enqueue
 from nodes import events
 from nodes.commands import issue_command
 from nodes.drain import start_node_drain
@@ -45,7 +46,7 @@ def create_render_job(*, renter: AbstractBaseUser, frames: str) -> RenderJob:
 def _schedule_soon() -> None:
     from rentals.tasks import schedule_render_jobs_task
 
-    schedule_render_jobs_task.delay()
+    enqueue(schedule_render_jobs_task.delay, "schedule_render_jobs")
 
 
 def schedule_render_jobs(*, now: datetime | None = None, limit: int = 100) -> int:

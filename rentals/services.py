@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from marketplace.enqueue import enqueue_on_commit
 from marketplace.errors import NodeUnavailable, RentalEnded
 from nodes import events
 from nodes.commands import issue_command
@@ -162,7 +163,7 @@ def end_rental(
         # R11: the node's and provider's scores move as soon as this commits.
         from reputation.tasks import rescore_node_task
 
-        transaction.on_commit(lambda: rescore_node_task.delay(node_id))
+        enqueue_on_commit(lambda: rescore_node_task.delay(node_id), "rescore_node")
     return rental
 
 

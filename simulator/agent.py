@@ -260,9 +260,9 @@ class Agent:
     def _ack(self, cid: Any, result: Result) -> bool:
         try:
             response = self._post(f"commands/{cid}/ack", result)
-            # A 4xx will not get better by retrying; the platform redelivers
-            # the command if it still wants an answer.
-            retry = response.status_code >= 500
+            # A 4xx will not get better by retrying (but a 429 will); the platform
+            # redelivers the command if it still wants an answer.
+            retry = response.status_code >= 500 or response.status_code == 429
             if response.status_code >= 400:
                 log.warning("ack of command %s answered %s", cid, response.status_code)
         except httpx.HTTPError as exc:
@@ -347,7 +347,7 @@ class Agent:
                 if response.status_code < 400:
                     reply = response.json()
                     break
-                if response.status_code < 500:
+                if response.status_code < 500 and response.status_code != 429:  # a rate limit passes: retry
                     return f"registration rejected with {response.status_code}: {response.text[:200]}"
                 error = f"registration answered {response.status_code}"
             except (httpx.HTTPError, ValueError) as exc:

@@ -450,6 +450,42 @@ class Stack:
             raise
         return web
 
+    def start_celery_worker(
+        self, name: str = "worker-extra", *, concurrency: int | None = None, env: Mapping[str, Any] | None = None
+    ) -> Proc:
+        """Another Celery worker on the stack's broker (or the stack's own `worker` again after a
+        `kill_process`); waits until it has said it is ready."""
+        unique, n = name, 2
+        while unique in self.procs:
+            unique, n = f"{name}-{n}", n + 1
+        log_path = self.log_dir / f"{unique}.log"
+        # A restart appends to the same log: only a " ready." written after this point counts.
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        proc = self.start_process(
+            unique,
+            [
+                sys.executable, "-m", "celery", "-A", "marketplace", "worker",
+                "--loglevel", "info", "--concurrency", str(concurrency or self.celery_concurrency),
+                "--hostname", f"{unique}-{os.getpid()}-{time.monotonic_ns():x}@%h",
+                "--without-gossip", "--without-mingle",
+            ],
+            env=env,
+        )
+
+        def ready() -> bool:
+            if not proc.alive():
+                raise StackError(f"{proc.name} exited with code {proc.popen.returncode}\n{proc.log_tail()}")
+            with open(log_path, "rb") as log:
+                log.seek(offset)
+                return b" ready." in log.read()
+
+        try:
+            wait_until(ready, self.start_timeout_s, f"{proc.name} to be ready", interval=0.1, on_timeout=proc.log_tail)
+        except BaseException:
+            self.stop_process(proc)
+            raise
+        return proc
+
     def stop_process(self, *procs: Proc) -> list[int]:
         """SIGTERM these process groups together, SIGKILL after the timeout; returns the pids that survived."""
         survivors = self._stop_procs(list(procs))

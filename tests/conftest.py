@@ -43,6 +43,15 @@ def _close_db_pools(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Throttle counters live in the cache: each test starts with full budgets."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -62,7 +71,21 @@ def pytest_collection_modifyitems(config, items):
             PG_ONLY_SKIPPED.append(item.nodeid)
 
 
+# Figures of the reliability suite (tests/faults): each test attaches "fault: ..." lines to its report
+# (the `fault_report` fixture); they are listed at the end, under xdist too (this runs in the controller).
+FAULT_FIGURES: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        FAULT_FIGURES.extend(str(value) for key, value in getattr(report, "user_properties", ()) if key == "fault")
+
+
 def pytest_terminal_summary(terminalreporter):
+    if FAULT_FIGURES:
+        terminalreporter.write_sep("=", "fault figures (tests/faults)")
+        for line in FAULT_FIGURES:
+            terminalreporter.write_line(line)
     if PG_ONLY_SKIPPED:
         terminalreporter.write_sep("!", "PostgreSQL-only tests NOT RUN (SQLite in use)", red=True, bold=True)
         for nodeid in PG_ONLY_SKIPPED:
