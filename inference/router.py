@@ -218,7 +218,7 @@ class Router:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await self.lifespan(receive, send)
             return
         await self.ensure_started()
         request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
@@ -238,7 +238,9 @@ class Router:
             return await self._complete(scope, receive, send, request_id, key_id)
         await _reply(send, 404, error_body(f"No route {path}.", "invalid_request_error", "not_found"), request_id)
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
+    async def lifespan(self, receive: Any, send: Any, *, also_on_shutdown: Any = None) -> None:
+        """ASGI lifespan: start the router's loops, and on shutdown settle and close
+        (then `also_on_shutdown`, for what the process mounts beside the router)."""
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
@@ -250,6 +252,8 @@ class Router:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()
+                if also_on_shutdown is not None:
+                    await also_on_shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -18,27 +18,9 @@ from nodes.agent_fastpath import AgentFastPath  # noqa: E402
 agent_fastpath = AgentFastPath(fallback=django_app) if connection.vendor == "postgresql" else None
 
 
-async def lifespan(receive, send):
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            try:
-                await router.ensure_started()
-            except Exception as exc:  # the server must not start half-configured
-                await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                return
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await router.shutdown()
-            if agent_fastpath is not None:
-                await agent_fastpath.close()
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
-        await lifespan(receive, send)
+        await router.lifespan(receive, send, also_on_shutdown=agent_fastpath.close if agent_fastpath else None)
     elif scope["type"] == "http" and scope["path"].startswith("/v1/"):
         await router(scope, receive, send)
     elif agent_fastpath is not None and agent_fastpath.handles(scope):
