@@ -51,7 +51,7 @@ class DomainCollector:
             "drains_finished", "Drains finished, by trigger and outcome (clean: nothing cut).", labels=["trigger", "outcome"]
         )
         done = Reclaim.objects.filter(finished_at__isnull=False)
-        for row in done.values("trigger").annotate(n=Count("id"), cut=Count("id", filter=models_q_cut())):
+        for row in done.values("trigger").annotate(n=Count("id"), cut=Count("id", filter=Q(cut__gt=0))):
             finished.add_metric([row["trigger"], "clean"], row["n"] - row["cut"])
             finished.add_metric([row["trigger"], "cut"], row["cut"])
         yield finished
@@ -77,10 +77,6 @@ class DomainCollector:
         yield reclaimed
 
         yield from _notice_families()
-
-
-def models_q_cut() -> Q:
-    return Q(cut__gt=0)
 
 
 def _drain_duration_histogram(done: QuerySet) -> HistogramMetricFamily:

@@ -25,39 +25,34 @@ _COUNTS = """
     ok=", ".join(f"'{r}'" for r in SUCCESS_REASONS), bad=", ".join(f"'{r}'" for r in FAILURE_REASONS)
 )
 
-NODE_SQL = f"""
-INSERT INTO reputation_nodereputation (node_id, successes, failures, spot_left_out, score, updated_at)
-SELECT node_id, successes, failures, spot_left_out,
-       (successes + %(a)s) * 1.0 / (successes + failures + %(a)s + %(b)s), %(now)s
+def _score_upsert(*, table: str, key: str, key_expr: str, extra: dict[str, str] | None = None) -> str:
+    """The score statement for one table: counts grouped by `key_expr` (a node or
+    its provider), upserted on `key`; `extra` are columns set only on insert."""
+    extra = extra or {}
+    insert_cols = ", ".join([key, "successes", "failures", "spot_left_out", "score", "updated_at", *extra])
+    insert_vals = ", ".join(["", *extra.values()])
+    return f"""
+INSERT INTO {table} ({insert_cols})
+SELECT {key}, successes, failures, spot_left_out,
+       (successes + %(a)s) * 1.0 / (successes + failures + %(a)s + %(b)s), %(now)s{insert_vals}
 FROM (
-    SELECT n.id AS node_id, {_COUNTS}
+    SELECT {key_expr} AS {key}, {_COUNTS}
     FROM nodes_node n
     LEFT JOIN rentals_rental r ON r.node_id = n.id AND r.status = 'ended' AND r.ended_at >= %(since)s
     WHERE {{where}}
-    GROUP BY n.id
+    GROUP BY {key_expr}
 ) counts
 WHERE true
-ON CONFLICT (node_id) DO UPDATE SET
+ON CONFLICT ({key}) DO UPDATE SET
     successes = excluded.successes, failures = excluded.failures, spot_left_out = excluded.spot_left_out,
     score = excluded.score, updated_at = excluded.updated_at
 """
 
-PROVIDER_SQL = f"""
-INSERT INTO reputation_providerreputation (provider_id, successes, failures, spot_left_out, score, updated_at, standing)
-SELECT provider_id, successes, failures, spot_left_out,
-       (successes + %(a)s) * 1.0 / (successes + failures + %(a)s + %(b)s), %(now)s, 'listed'
-FROM (
-    SELECT n.provider_id AS provider_id, {_COUNTS}
-    FROM nodes_node n
-    LEFT JOIN rentals_rental r ON r.node_id = n.id AND r.status = 'ended' AND r.ended_at >= %(since)s
-    WHERE {{where}}
-    GROUP BY n.provider_id
-) counts
-WHERE true
-ON CONFLICT (provider_id) DO UPDATE SET
-    successes = excluded.successes, failures = excluded.failures, spot_left_out = excluded.spot_left_out,
-    score = excluded.score, updated_at = excluded.updated_at
-"""
+
+NODE_SQL = _score_upsert(table="reputation_nodereputation", key="node_id", key_expr="n.id")
+PROVIDER_SQL = _score_upsert(
+    table="reputation_providerreputation", key="provider_id", key_expr="n.provider_id", extra={"standing": "'listed'"}
+)
 
 
 def _params(now: datetime) -> dict[str, Any]:
