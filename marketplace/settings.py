@@ -80,13 +80,20 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+DB_POOL_MAX = env_int("DB_POOL_MAX", 8)
+# Django requests one web process runs at once; the rest wait their turn in the
+# event loop (marketplace/gate.py). Under ASGI each Django request gets a thread
+# of its own, so a burst (2,000 agents saying hello after an outage) would start
+# 2,000 threads fighting over DB_POOL_MAX connections, failing with PoolTimeout
+# after DB_POOL_TIMEOUT_S. The router and the heartbeat fast path are not gated.
+DJANGO_CONCURRENCY = env_int("DJANGO_CONCURRENCY", DB_POOL_MAX)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", True):
     # Under ASGI every sync request runs in a new thread, so CONN_MAX_AGE
     # connections are never reused and pile up; a pool per process is reused.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"]["OPTIONS"] = {
-        "pool": {"min_size": 1, "max_size": env_int("DB_POOL_MAX", 8), "timeout": env_float("DB_POOL_TIMEOUT_S", 10.0)}
+        "pool": {"min_size": 1, "max_size": DB_POOL_MAX, "timeout": env_float("DB_POOL_TIMEOUT_S", 10.0)}
     }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, beat) share one file: wait for the write
