@@ -35,6 +35,9 @@ test: install
 	  echo "==> tests on $${DATABASE_URL:-SQLite} (e2e broker: $${TEST_REDIS_URL:-none})"; \
 	  $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Runs every benchmark in bench/ on PostgreSQL and Redis, prints the figures
+# and writes BENCHMARKS.md: each headline figure with its target, the machine
+# and the date (BENCH_REPORT=path writes it elsewhere).
 bench: install
 	@eval "$$(scripts/test-env.sh)"; $(BIN)/python -m bench
 

@@ -4,6 +4,10 @@
 heartbeats drain_reaction` runs some. Each benchmark drops and recreates its
 database, so runs are repeatable, and stops every process it started.
 
+Each benchmark's `run()` returns its text report and records its headline
+figures with `headline(...)` (a `Figure`: value, target, met or not);
+`python -m bench` gathers them into BENCHMARKS.md.
+
 The bench process sets Django up itself (`setup_django`), on the same database
 and broker as the processes it starts, so it can create data and trigger
 transitions through the real services (nodes.services, nodes.slots, ...),
@@ -24,6 +28,7 @@ import statistics
 import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +153,44 @@ def nodes_with_a_held_slot(count: int, *, tag: str) -> list[tuple[int, str, str]
 
 
 # --- figures -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One headline figure of a benchmark, as BENCHMARKS.md lists it.
+
+    `target` is the target's text ("p99 < 100 ms"), empty for a figure shown
+    for context only; `met` is None when nothing is judged (no target, or the
+    figure could not be measured).
+    """
+
+    benchmark: str
+    what: str
+    value: float | str
+    unit: str = ""
+    target: str = ""
+    met: bool | None = None
+
+    def value_text(self) -> str:
+        text = _fmt(self.value)
+        if not self.unit or isinstance(self.value, str):
+            return text
+        return f"{text}{self.unit}" if self.unit in ("x", "%") else f"{text} {self.unit}"
+
+
+# Every figure recorded in this process, in order; `python -m bench` takes each
+# benchmark's share after its run() returns (a module-level list, so run() keeps
+# returning just its text report and `python -m bench.NAME` still works).
+FIGURES: list[Figure] = []
+
+
+def headline(
+    benchmark: str, what: str, value: float | str, unit: str = "", *, target: str = "", met: bool | None = None
+) -> Figure:
+    """Records a headline figure of `benchmark` for BENCHMARKS.md; returns it."""
+    figure = Figure(benchmark, what, value, unit, target, met)
+    FIGURES.append(figure)
+    return figure
 
 
 def percentile(values: Sequence[float], q: float) -> float:

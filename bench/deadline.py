@@ -18,6 +18,7 @@ from bench import (
     CHILD_ENV,
     bench_broker_url,
     fresh_database,
+    headline,
     log_dir,
     nodes_with_a_held_slot,
     setup_django,
@@ -70,6 +71,10 @@ def run() -> str:
     early = sum(1 for s in decision if s < 0)
     ceiling = sum(1 for r in stopped if r[2] == "ceiling")
     d, c = summary(decision), summary(command)
+    headline("deadline", "drains stopped", len(stopped), f"of {DRAINS}", target=f"all {DRAINS}", met=len(stopped) == DRAINS)
+    headline("deadline", "stop_worker command after the deadline, p99", c["p99"], "s")
+    headline("deadline", f"stop_worker commands more than {TARGET_LATE_S:g} s late", late,
+             target=f"0 over {TARGET_LATE_S:g} s", met=late == 0)
     return table(
         f"Deadline adherence: {DRAINS} drains that never reach zero slots, ceiling {CEILING_S:g} s, paused over {paused_s:.1f} s",
         ["lateness after drain_deadline", "p50 s", "p99 s", "max s", "> 1 s late", "target"],

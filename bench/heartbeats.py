@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import CHILD_ENV, bench_broker_url, fresh_database, log_dir, provider_and_model, setup_django, table
+from bench import CHILD_ENV, bench_broker_url, fresh_database, headline, log_dir, provider_and_model, setup_django, table
 from simulator.stack import Stack, libpq_url, database_name, with_database_name
 
 TARGET_PER_S = 1_000
@@ -225,6 +225,11 @@ def run() -> str:
         )
     beat, base = best["heartbeat"], best["healthz"]
     verdict = "meets" if beat["per_s"] >= TARGET_PER_S else "MISSES"
+    config = f"--workers {best['workers']}" + "".join(f", {k}={v}" for k, v in best["env"].items())
+    headline("heartbeats", f"heartbeat rate, best configuration ({config})", beat["per_s"], "heartbeats/s",
+             target=f">= {TARGET_PER_S:,}/s", met=beat["per_s"] >= TARGET_PER_S)
+    headline("heartbeats", "heartbeat p50 at that rate", beat["p50_us"] / 1000, "ms")
+    headline("heartbeats", "heartbeat p99 at that rate", beat["p99_us"] / 1000, "ms")
     return table(
         f"Heartbeat ingestion: POST /api/v1/agent/heartbeat ({NODES:,} nodes x 2 ready workers)",
         ["--workers", "env", "heartbeats/s", "p50 ms", "p99 ms", "errors", "db conns", "healthz/s", "hb/healthz", "target"],

@@ -20,7 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from bench import fresh_database, provider_and_model, setup_django, summary, table
+from bench import fresh_database, headline, provider_and_model, setup_django, summary, table
 
 NODES = int(os.environ.get("BENCH_PAGES_NODES", "10000"))
 OFFERS = int(os.environ.get("BENCH_PAGES_OFFERS", "10000"))
@@ -144,6 +144,10 @@ def run() -> str:
         m = measure(client, url, headers)
         rows.append([label, m["p50"], m["p99"], m["max"], m["queries"], m["rows"], f"{m['kb']:.0f}"])
     worst_p50 = max(r[1] for r in rows)
+    target = f"p50 < {TARGET_P50_MS:.0f} ms"
+    headline("pages", f"worst p50 of the {len(rows)} pages", worst_p50, "ms", target=target, met=worst_p50 < TARGET_P50_MS)
+    for label, p50, *_ in rows:
+        headline("pages", f"{label}, p50", p50, "ms", target=target, met=p50 < TARGET_P50_MS)
     return table(
         f"Portal pages: render time through the whole Django stack ({REPEAT} requests each)",
         ["page", "p50 ms", "p99 ms", "max ms", "queries", "rows", "KiB"],

@@ -32,7 +32,17 @@ from datetime import UTC, datetime
 
 import httpx
 
-from bench import CHILD_ENV, bench_broker_url, fresh_database, log_dir, provider_and_model, setup_django, summary, table
+from bench import (
+    CHILD_ENV,
+    bench_broker_url,
+    fresh_database,
+    headline,
+    log_dir,
+    provider_and_model,
+    setup_django,
+    summary,
+    table,
+)
 from simulator.stack import Stack
 
 TARGET_P99_MS = 50.0
@@ -172,6 +182,12 @@ def run() -> str:
         burst_late = not_draining([w for _, _, w in burst_nodes])
 
     s, d, b, f = summary(cutoff), summary(redelivered), summary(burst_ms), summary(floor)
+    headline("preemption", "signed notice -> workers draining (webhook round trip), p50", s["p50"], "ms")
+    headline("preemption", "signed notice -> workers draining (webhook round trip), p99", s["p99"], "ms",
+             target=f"p99 < {TARGET_P99_MS:.0f} ms", met=s["p99"] < TARGET_P99_MS)
+    headline("preemption", "workers not yet draining when their 202 came back", late, f"of {len(sequential)}",
+             target="0", met=late == 0)
+    headline("preemption", f"burst of {BURST} notices from {SENDERS} senders, p99", b["p99"], "ms")
     return table(
         f"Notice to router cut-off: signed AWS interruption warning -> node's workers draining ({len(cutoff)} notices)",
         ["measure", "p50 ms", "p99 ms", "max ms", "mean ms", "target"],

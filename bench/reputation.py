@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench import fresh_database, summary, table
+from bench import fresh_database, headline, summary, table
 
 NODES = 100_000
 PROVIDERS = 10_000
@@ -60,6 +60,10 @@ def run() -> str:
     report = reports[0]
     s = summary(timings)
     verdict = "meets" if s["max"] < TARGET_S else "MISSES"
+    headline("reputation", f"full recompute ({RENTALS:,} rentals), first run (delists)", timings[0], "s",
+             target=f"< {TARGET_S:g} s", met=timings[0] < TARGET_S)
+    headline("reputation", f"full recompute ({RENTALS:,} rentals), slowest of {RUNS} runs", s["max"], "s",
+             target=f"< {TARGET_S:g} s", met=s["max"] < TARGET_S)
     return table(
         f"Reputation full recompute: {RENTALS:,} rentals, {NODES:,} nodes, {PROVIDERS:,} providers (PostgreSQL)",
         ["measure", "median s", "max s", "target"],

@@ -54,7 +54,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench import CHILD_ENV, bench_broker_url, fresh_database, log_dir, percentile, setup_django, table
+from bench import CHILD_ENV, bench_broker_url, fresh_database, headline, log_dir, percentile, setup_django, table
 from bench.heartbeats import _DONE_LUA
 from simulator.procs import free_port
 from simulator.stack import ROOT, Stack, group_members, libpq_url, port_open, wait_until
@@ -798,9 +798,17 @@ class Run:
                      f"{'meets' if ok else 'MISSES'})"),
             ]
             others += [x["cpu"]["others_pct"] for x in (d, r, pd, pr)]
+            headline("router", f"{_kind(stream)}: router requests/s at peak", r["per_s"], "req/s")
+            headline("router", f"{_kind(stream)}: router / direct requests/s at peak", r["per_s"] / d["per_s"], "x")
+            headline("router", f"{_kind(stream)}: added latency at half peak, p50", a50, "ms",
+                     target=f"<= {TARGET_ADDED_P50_MS:g} ms", met=a50 <= TARGET_ADDED_P50_MS)
+            headline("router", f"{_kind(stream)}: added latency at half peak, p99", a99, "ms",
+                     target=f"<= {TARGET_ADDED_P99_MS:g} ms", met=a99 <= TARGET_ADDED_P99_MS)
         t_d, t_r = sorted(self.ttft_direct), sorted(self.ttft_router)
         t50 = (percentile(t_r, 50) - percentile(t_d, 50)) * 1000
         t99 = (percentile(t_r, 99) - percentile(t_d, 99)) * 1000
+        headline("router", "added time to first SSE chunk, p50", t50, "ms")
+        headline("router", "added time to first SSE chunk, p99", t99, "ms")
         return table(
             "Router overhead: one fake worker (tokens-per-s 0, 1 token), direct and through the router",
             ["load", "requests/s", "p50 ms", "p99 ms", "errors", "CPU ms/req: proxy", "PostgreSQL", "worker",
@@ -824,6 +832,9 @@ class Run:
 
     def report_peer(self) -> str:
         if not self.peer:
+            for stream in (False, True):
+                headline("router", f"{_kind(stream)}: router vs LiteLLM requests/s", "not measured",
+                         target=f">= {TARGET_RATIO:g}x")
             return f"== Peer: LiteLLM ==\n  NOT MEASURED: {self.peer_note}"
         rows, cpu_notes = [], []
         for stream in (False, True):
@@ -832,6 +843,8 @@ class Run:
             theirs = lp["cpu"]["litellm"] + lp["cpu"]["postgres"]
             cpu_notes.append(f"{_kind(stream)} ours {ours:.2f} ms, LiteLLM {theirs:.2f} ms ({theirs / max(ours, 1e-9):.1f}x)")
             ratio = r["per_s"] / lp["per_s"] if lp["per_s"] else float("inf")
+            headline("router", f"{_kind(stream)}: router vs LiteLLM requests/s", ratio, "x",
+                     target=f">= {TARGET_RATIO:g}x", met=ratio >= TARGET_RATIO)
             la50, la99 = self._added("litellm", stream)
             a50, a99 = self._added("router", stream)
             rows += [
@@ -863,6 +876,8 @@ class Run:
         ttfts = sorted(r["ttft"] * 1000 for r in results if r["ttft"] is not None)
         durations = sorted(r["duration"] for r in results if r["done"])
         rt = self.router_timings
+        headline("router", "concurrent streams that ended with [DONE]", done, f"of {STREAMS:,}",
+                 target=f"all {STREAMS:,}", met=done == STREAMS)
         return table(
             f"{STREAMS:,} concurrent streams through the router ({SLOW_WORKERS} workers x {SLOW_SLOTS} slots, "
             f"{SLOW_TOKENS} tokens at {SLOW_TOKENS_PER_S:g}/s = {SLOW_TOKENS / SLOW_TOKENS_PER_S:g} s each)",
@@ -890,6 +905,9 @@ class Run:
 
     def report_leaks(self) -> str:
         first = sum(1 for r in self.hung_up if r["ttft"] is not None)
+        leaky = sum(1 for _, slots, in_flight, *_ in self.leaks if slots or in_flight)
+        headline("router", "loads after which slots stayed held (leaks)", leaky, f"of {len(self.leaks)}",
+                 target="0", met=leaky == 0)
         return table(
             f"Leaked slots after each load (the router given up to {SETTLE_MAX_S:g} s to settle)",
             ["after", "nodes_slot rows", "sum in_flight", "streams open on workers", "settled in s", "target"],
