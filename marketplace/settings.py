@@ -195,12 +195,19 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
+    if CELERY_BROKER_URL.split("://", 1)[0] in ("redis", "rediss"):
+        # kombu's Redis transport plus one guard (marketplace/broker.py): without it the
+        # worker process can exit during a Redis outage instead of reconnecting (issue #8).
+        CELERY_BROKER_TRANSPORT = "marketplace.broker:Transport"
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 4
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker that lost the broker retries for as long as it takes (every 2, 4, ... 30 s), then
+# resumes consuming; Celery's default gives up after 100 tries (~45 min) and exits.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # An enqueue after a commit must not hold the request while the broker is away:
 # try briefly, then leave the follow-up to the periodic job that covers it.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
