@@ -39,6 +39,8 @@ test: install
 # and writes BENCHMARKS.md: each headline figure with its target, the machine
 # and the date (BENCH_REPORT=path writes it elsewhere).
 bench: install
+	@command -v wrk >/dev/null || { echo "==> installing wrk from Debian's packages (the HTTP load generator)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 	@eval "$$(scripts/test-env.sh)"; $(BIN)/python -m bench
 
 # The soak, outside the normal suite (about 10 minutes plus a few of set-up):
