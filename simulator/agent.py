@@ -56,6 +56,15 @@ class LocalWorker:
     platform_status: str | None = None
 
 
+def reply_interval(reply: dict[str, Any]) -> float | None:
+    """The heartbeat interval a hello or heartbeat reply asks for; None when it names none (keep the current one)."""
+    try:
+        interval = float(reply.get("heartbeat_interval_s") or 0)
+    except (TypeError, ValueError):
+        return None
+    return interval if interval > 0 else None
+
+
 def count_frames(frames: Any) -> int:
     """Frames as "1-240", "1,5,10-12", an int or a list."""
     if isinstance(frames, bool):
@@ -175,11 +184,8 @@ class Agent:
         return reply
 
     def _set_interval(self, reply: dict[str, Any]) -> None:
-        try:
-            interval = float(reply.get("heartbeat_interval_s") or 0)
-        except (TypeError, ValueError):
-            return
-        if interval > 0:
+        interval = reply_interval(reply)
+        if interval is not None:
             self.heartbeat_interval_s = interval
 
     def _worker_report(self) -> tuple[list[dict[str, Any]], list[str]]:

@@ -31,6 +31,8 @@ from typing import Any
 
 import aiohttp
 
+from simulator.agent import reply_interval
+
 GONE_STATUSES = frozenset({"stopped", "lost"})
 MAX_SLOTS = 8
 LATE_GAP_S = 15.0
@@ -222,11 +224,8 @@ class SimNode:
             self.swarm.figures.ack_failures += 1
 
     def _interval(self, reply: dict[str, Any]) -> None:
-        try:
-            interval = float(reply.get("heartbeat_interval_s") or 0)
-        except (TypeError, ValueError):
-            return
-        if interval > 0:
+        interval = reply_interval(reply)
+        if interval is not None:
             self.interval = interval
 
 
