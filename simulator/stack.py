@@ -196,6 +196,22 @@ def wait_until(
         time.sleep(interval)
 
 
+def _reap(proc: Proc) -> list[int]:
+    """After a SIGKILL to its group: wait for the process group to go, close its log; the pids left."""
+    try:
+        proc.popen.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+    # SIGKILL is asynchronous: give the kernel a moment before calling it a survivor.
+    end = time.monotonic() + 5
+    while group_members(proc.pid) and time.monotonic() < end:
+        time.sleep(0.02)
+    if proc._log is not None:
+        proc._log.close()
+        proc._log = None
+    return group_members(proc.pid)
+
+
 def _signal_group(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
@@ -496,17 +512,7 @@ class Stack:
     def kill_process(self, proc: Proc) -> None:
         """SIGKILL one process group at once (a crash, no graceful shutdown) and wait until it is gone."""
         _signal_group(proc.pid, signal.SIGKILL)
-        try:
-            proc.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        end = time.monotonic() + 5
-        while group_members(proc.pid) and time.monotonic() < end:
-            time.sleep(0.02)
-        survivors = group_members(proc.pid)
-        if proc._log is not None:
-            proc._log.close()
-            proc._log = None
+        survivors = _reap(proc)
         self._forget(proc)
         if survivors:
             raise StackError(f"processes of {proc.name} survived SIGKILL: {survivors}")
@@ -548,18 +554,7 @@ class Stack:
             _signal_group(proc.pid, signal.SIGKILL)
         survivors: list[int] = []
         for proc in procs:
-            try:
-                proc.popen.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-            # SIGKILL is asynchronous: give the kernel a moment before calling it a survivor.
-            end = time.monotonic() + 5
-            while group_members(proc.pid) and time.monotonic() < end:
-                time.sleep(0.05)
-            survivors.extend(group_members(proc.pid))
-            if proc._log is not None:
-                proc._log.close()
-                proc._log = None
+            survivors.extend(_reap(proc))
             if proc in self.agents:
                 self.agents.remove(proc)
         return survivors

@@ -246,7 +246,7 @@ class Swarm:
 
     def reset_figures(self) -> None:
         if self.boot_stats is not None:
-            self.figures.late_nodes = {n.node_id: round(n.max_gap_s, 1) for n in self.nodes if n.max_gap_s > LATE_GAP_S}
+            self._note_late_nodes()
             self.boot_stats.write_text(json.dumps(self.figures.as_dict(), indent=1))
         self.figures = Figures()
         now = time.monotonic()
@@ -263,6 +263,9 @@ class Swarm:
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as self.session:
             await asyncio.gather(*(node.run(stop) for node in self.nodes))
+        self._note_late_nodes()
+
+    def _note_late_nodes(self) -> None:
         # Nodes whose heartbeats were ever more than LATE_GAP_S apart: the soak
         # tells a worker lost for a reason from a false one with this.
         self.figures.late_nodes = {n.node_id: round(n.max_gap_s, 1) for n in self.nodes if n.max_gap_s > LATE_GAP_S}

@@ -79,3 +79,51 @@ def faults_broker_url() -> str:
 @pytest.fixture
 def faults_stack_urls() -> tuple[str, str]:
     return faults_database_url(), faults_broker_url()
+
+
+# --- helpers the end-to-end fault tests share (imported by name, as tests/e2e does) ---------------
+
+
+def sql(stack: Any, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of a query on the stack's database (psycopg, autocommit)."""
+    from psycopg.rows import dict_row
+
+    with stack.db() as conn, conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def held_router(stack: Any) -> str:
+    """A router instance whose beat is a day ahead: the guard never releases its slots."""
+    import secrets
+
+    router = f"faults-router-{secrets.token_hex(4)}"
+    sql(stack, "INSERT INTO nodes_routerinstance (id, started_at, last_beat_at) VALUES (%s, now(), now() + interval '1 day')", (router,))
+    return router
+
+
+def spot_node_with_worker(stack: Any, api: Any, model: str, name: str, *, hold_for: str | None = None) -> tuple[int, str]:
+    """A spot node made through the owner's API with a ready worker registered by its agent;
+    with `hold_for` (a router instance) the worker holds one slot, so a drain waits for its deadline."""
+    import uuid
+
+    created = api.post(
+        "/api/v1/nodes",
+        json={"name": name, "is_spot": True, "price_per_hour": "1.00", "gpu_model": "A100", "vram_gb": 80},
+    )
+    assert created.status_code == 201, created.text
+    node = created.json()
+    with stack.api(node["agent_token"], scheme="Bearer") as agent:
+        registered = agent.post("/api/v1/agent/workers", json={"model": model, "endpoint": "http://127.0.0.1:9", "max_slots": 4})
+    assert registered.status_code in (200, 201), registered.text
+    worker_id = registered.json()["id"]
+    if hold_for is not None:
+        with stack.db() as conn, conn.transaction():
+            conn.execute(
+                "INSERT INTO nodes_slot (id, worker_id, router_instance, request_id, acquired_at) VALUES (%s, %s, %s, %s, now())",
+                (uuid.uuid4(), worker_id, hold_for, f"req-{name}"),
+            )
+            assert conn.execute(
+                "UPDATE nodes_worker SET in_flight = in_flight + 1 WHERE id = %s AND status = 'ready'", (worker_id,)
+            ).rowcount == 1
+    return node["id"], worker_id

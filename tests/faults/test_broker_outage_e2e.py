@@ -24,14 +24,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from psycopg.rows import dict_row
 
 from simulator.procs import free_port
 from simulator.stack import Stack, port_open, wait_until
 from preemption.signing import sign
+from tests.faults.conftest import held_router, spot_node_with_worker, sql
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -112,40 +111,17 @@ def reserve_eta_probe(stack: Stack, broker_url: str) -> int:
     return log.stat().st_size
 
 
-def sql(stack: Stack, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    with stack.db() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchall() if cur.description else []
-
-
 def test_fault_broker_down_while_pauses_and_webhooks_arrive(outage, fault_report) -> None:
     stack, redis = outage
     token = stack.api().post("/api/v1/auth/token", json=OWNER).json()["token"]
     api = stack.api(token, timeout=30)
     model = sql(stack, "SELECT name FROM nodes_servedmodel ORDER BY id LIMIT 1")[0]["name"]
-    router = f"faults-router-{secrets.token_hex(4)}"
-    sql(stack, "INSERT INTO nodes_routerinstance (id, started_at, last_beat_at) VALUES (%s, now(), now() + interval '1 day')", (router,))
-
-    nodes: list[tuple[int, str]] = []
-    for i in range(PAUSES + WEBHOOKS):
-        created = api.post(
-            "/api/v1/nodes",
-            json={"name": f"outage-{i}", "is_spot": True, "price_per_hour": "1.00", "gpu_model": "A100", "vram_gb": 80},
-        )
-        assert created.status_code == 201, created.text
-        node = created.json()
-        with stack.api(node["agent_token"], scheme="Bearer") as agent:
-            registered = agent.post("/api/v1/agent/workers", json={"model": model, "endpoint": "http://127.0.0.1:9", "max_slots": 4})
-        assert registered.status_code in (200, 201), registered.text
-        worker_id = registered.json()["id"]
-        if i % 2:  # half wait on a request until their deadline, half could stop at once
-            with stack.db() as conn, conn.transaction():
-                conn.execute(
-                    "INSERT INTO nodes_slot (id, worker_id, router_instance, request_id, acquired_at) VALUES (%s, %s, %s, %s, now())",
-                    (uuid.uuid4(), worker_id, router, f"req-{i}"),
-                )
-                conn.execute("UPDATE nodes_worker SET in_flight = in_flight + 1 WHERE id = %s", (worker_id,))
-        nodes.append((node["id"], worker_id))
+    router = held_router(stack)
+    # Half wait on a request until their deadline, half could stop at once.
+    nodes = [
+        spot_node_with_worker(stack, api, model, f"outage-{i}", hold_for=router if i % 2 else None)
+        for i in range(PAUSES + WEBHOOKS)
+    ]
 
     worker = stack.procs["worker"]
     log_at_crash = reserve_eta_probe(stack, redis.url)

@@ -14,18 +14,15 @@ comes no later than deadline + 2 s.
 from __future__ import annotations
 
 import random
-import secrets
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 import pytest
-from psycopg.rows import dict_row
 
 from simulator.stack import Stack, wait_until
+from tests.faults.conftest import held_router, spot_node_with_worker, sql
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -56,43 +53,18 @@ def kill_stack(faults_stack_urls, tmp_path) -> Iterator[Stack]:
         yield stack
 
 
-def sql(stack: Stack, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    with stack.db() as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchall() if cur.description else []
-
-
 def test_fault_celery_worker_kill9_during_drains(kill_stack: Stack, fault_report) -> None:
     stack = kill_stack
     rng = random.Random()
     token = stack.api().post("/api/v1/auth/token", json=OWNER).json()["token"]
     api = stack.api(token)
     model = sql(stack, "SELECT name FROM nodes_servedmodel ORDER BY id LIMIT 1")[0]["name"]
-    router = f"faults-router-{secrets.token_hex(4)}"
-    sql(stack, "INSERT INTO nodes_routerinstance (id, started_at, last_beat_at) VALUES (%s, now(), now() + interval '1 day')", (router,))
+    router = held_router(stack)
 
     def ready_node(i: int) -> tuple[int, str, bool]:
-        created = api.post(
-            "/api/v1/nodes",
-            json={"name": f"kill-{i}", "is_spot": True, "price_per_hour": "1.00", "gpu_model": "A100", "vram_gb": 80},
-        )
-        assert created.status_code == 201, created.text
-        node = created.json()
-        with stack.api(node["agent_token"], scheme="Bearer") as agent:
-            registered = agent.post("/api/v1/agent/workers", json={"model": model, "endpoint": "http://127.0.0.1:9", "max_slots": 4})
-        assert registered.status_code in (200, 201), registered.text
-        worker_id = registered.json()["id"]
         held = i % PER_BATCH != 0  # three of four drains wait for their deadline, one stops at once
-        if held:
-            with stack.db() as conn, conn.transaction():
-                conn.execute(
-                    "INSERT INTO nodes_slot (id, worker_id, router_instance, request_id, acquired_at) VALUES (%s, %s, %s, %s, now())",
-                    (uuid.uuid4(), worker_id, router, f"req-{i}"),
-                )
-                assert conn.execute(
-                    "UPDATE nodes_worker SET in_flight = in_flight + 1 WHERE id = %s AND status = 'ready'", (worker_id,)
-                ).rowcount == 1
-        return node["id"], worker_id, held
+        node_id, worker_id = spot_node_with_worker(stack, api, model, f"kill-{i}", hold_for=router if held else None)
+        return node_id, worker_id, held
 
     nodes = [ready_node(i) for i in range(BATCHES * PER_BATCH)]
     paused: dict[str, datetime] = {}  # worker id -> the deadline the pause answered
